@@ -1,0 +1,12 @@
+"""ampkernels: fused, sync-free mixed-precision (AMP) kernels for PyTorch.
+
+``import ampkernels`` never fails because an optional piece (the native extension, Triton, matplotlib) is missing;
+``python -m ampkernels.info`` says which backend each op uses and why.
+"""
+
+from ampkernels import ops, reference
+from ampkernels.grad_scaler import FusedGradScaler
+from ampkernels.telemetry import plot_scale_history
+
+__version__ = "0.1.0"
+__all__ = ["FusedGradScaler", "ops", "plot_scale_history", "reference", "__version__"]

@@ -1,0 +1,522 @@
+"""FusedGradScaler: ``torch.amp.GradScaler`` on fused multi-tensor kernels.
+
+Same constructor, methods, errors, state machine and state_dict as the stock scaler, and by default the same
+numbers (scale after every update, unscaled gradients bit for bit, parameters over a run). What changes is the
+cost: every gradient of an optimizer is unscaled and checked in one fused pass whose launch table is built once and
+re-validated in C++ each step (stock loops over every parameter in Python and launches per ~110 tensors), the check
+before a fused optimizer step reads the gradients without writing them, fp16/bf16 gradients are accepted, and with
+optimizers that take the scale themselves (``_step_supports_amp_scaling``, e.g. torch's fused AdamW) nothing
+synchronizes with the host, so the whole step can be captured in a CUDA graph.
+
+Extras, off by default: :meth:`FusedGradScaler.clip_grad_norm_`, hysteresis, scale bounds and device-side telemetry.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import weakref
+from collections import defaultdict
+from typing import Any, Optional
+
+import torch
+from torch.amp.grad_scaler import GradScaler, OptState, _refresh_per_optimizer_state
+
+from ampkernels import _backend, ops, reference
+
+# Key of the per-optimizer state entry that holds a deferred divisor: after clip_grad_norm_ with a fused optimizer
+# the gradients are still scaled, and the true gradients are ``grad / pending``; step() hands ``pending`` to the
+# optimizer as its grad_scale.
+_PENDING = "ampkernels_pending_grad_scale"
+
+
+class _TorchGradTable:
+    """The gradients of one optimizer on one device, for the Triton and plain-torch backends.
+
+    Same interface as the native ``ampkernels._C.GradTable``; collects the gradients in Python on every call.
+    """
+
+    def __init__(self, params: list[torch.Tensor], device: torch.device, backend: str):
+        self.params, self.device, self.backend = params, device, backend
+        self._sparse: list[int] = []
+
+    def refresh(self) -> bool:
+        return False
+
+    def sparse_params(self) -> list[int]:
+        return self._sparse
+
+    def unscale_reduce(self, scale, found_inf, factor, write, norm_type, per_tensor, max_norm):
+        grads, index, self._sparse = [], [], []
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                continue
+            _check_grad_dtype(i, g)
+            if g.layout != torch.strided:
+                self._sparse.append(i)
+                continue
+            grads.append(g)
+            index.append(i)
+        res = ops.unscale_reduce_(
+            grads, scale, found_inf, factor=factor, write=write, norm_type=norm_type or None,
+            per_tensor=per_tensor, max_norm=None if max_norm < 0 else max_norm, backend=self.backend,
+        )
+        each = res.per_tensor_norms
+        if each is not None:  # per parameter, 0 for parameters without a gradient
+            full = torch.zeros(len(self.params), dtype=torch.float32, device=self.device)
+            each = full.index_copy_(0, torch.tensor(index, dtype=torch.long, device=self.device), each)
+        return res.norm, each, res.clip_coef
+
+
+def _check_grad_dtype(index: int, grad: torch.Tensor) -> None:
+    if grad.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise ValueError(
+            f"ampkernels: parameter {index} has a gradient of dtype {grad.dtype}; gradients must be float32, "
+            "float16, bfloat16 or float64"
+        )
+
+
+class FusedGradScaler(GradScaler):
+    """A drop-in :class:`torch.amp.GradScaler` on fused, sync-free multi-tensor kernels.
+
+    Args (as ``torch.amp.GradScaler``):
+        device, init_scale, growth_factor, backoff_factor, growth_interval, enabled.
+    Extras (keyword-only; the defaults give stock behaviour):
+        hysteresis: back off only after this many overflowing steps since the last growth (Megatron-LM). Default 1.
+        min_scale: the scale never drops below it. Default 2**-126 (stock would halve on to 0, then skip forever).
+        max_scale: the scale never grows above it. Default: unbounded (stock).
+        telemetry: keep a device-side history of the scale, the update and skip counts, and the last gradient
+            norm; read back only by :meth:`telemetry`.
+        history_size: length of the scale history ring buffer.
+        backend: ``"native"``, ``"triton"`` or ``"torch"``; default: the best available.
+
+    Example::
+
+        scaler = FusedGradScaler()
+        for batch in loader:
+            optimizer.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(batch)
+            scaler.scale(loss).backward()
+            scaler.clip_grad_norm_(optimizer, max_norm=1.0)  # optional: unscale + check + norm + clip in one pass
+            scaler.step(optimizer)
+            scaler.update()
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        hysteresis: int = 1,
+        min_scale: Optional[float] = None,
+        max_scale: Optional[float] = None,
+        telemetry: bool = False,
+        history_size: int = 1024,
+        backend: Optional[str] = None,
+    ) -> None:
+        if not (isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale > 0):
+            raise ValueError(f"FusedGradScaler: init_scale must be a finite number > 0, got {init_scale!r}")
+        if not (isinstance(growth_interval, int) and growth_interval >= 1):
+            raise ValueError(f"FusedGradScaler: growth_interval must be an int >= 1, got {growth_interval!r}")
+        if not (isinstance(hysteresis, int) and hysteresis >= 1):
+            raise ValueError(f"FusedGradScaler: hysteresis must be an int >= 1, got {hysteresis!r}")
+        if min_scale is not None and not (math.isfinite(min_scale) and min_scale > 0):
+            raise ValueError(f"FusedGradScaler: min_scale must be finite and > 0, got {min_scale!r}")
+        if max_scale is not None and not (max_scale > 0 and not math.isnan(max_scale)):
+            raise ValueError(f"FusedGradScaler: max_scale must be > 0, got {max_scale!r}")
+        if min_scale is not None and max_scale is not None and min_scale > max_scale:
+            raise ValueError(f"FusedGradScaler: min_scale ({min_scale}) is above max_scale ({max_scale})")
+        if backend is not None and backend not in _backend.BACKENDS:
+            raise ValueError(f"FusedGradScaler: backend must be one of {_backend.BACKENDS}, got {backend!r}")
+        super().__init__(device, float(init_scale), growth_factor, backoff_factor, growth_interval, enabled)
+        self._hysteresis = hysteresis
+        self._min_scale = min_scale
+        self._max_scale = max_scale
+        self._telemetry_enabled = telemetry
+        self._history_size = int(history_size)
+        self._backend = backend
+        self._init_hysteresis_tracker = hysteresis
+        self._hysteresis_tracker: Optional[torch.Tensor] = None
+        self._counters: Optional[torch.Tensor] = None
+        self._history: Optional[torch.Tensor] = None
+        self._last_grad_norm: Optional[torch.Tensor] = None
+        # optimizer -> (structure key, [(device, table)]); weak so a dropped optimizer frees its table
+        self._grad_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    # ---- lazily created device state ----
+
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
+        super()._lazy_init_scale_growth_tracker(dev)
+        self._hysteresis_tracker = torch.full((), self._init_hysteresis_tracker, dtype=torch.int32, device=dev)
+        if self._telemetry_enabled:
+            self._counters = torch.zeros(2, dtype=torch.int64, device=dev)
+            self._history = torch.full((self._history_size,), math.nan, dtype=torch.float32, device=dev)
+
+    def _tables(self, optimizer: torch.optim.Optimizer) -> list:
+        """The launch tables of ``optimizer``'s gradients, one per device; rebuilt only when its parameter groups
+        change (the tables themselves re-validate the gradients every call, in C++ for the native backend)."""
+        key = tuple((id(g["params"]), len(g["params"])) for g in optimizer.param_groups)
+        cached = self._grad_tables.get(optimizer)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if not isinstance(p, torch.Tensor):
+                    raise TypeError(f"expected param to be torch.Tensor, got {type(p).__name__}")
+                by_device[p.device].append(p)
+        tables = []
+        for device, params in by_device.items():
+            name = _backend.select(device, self._backend)
+            if name == "native":
+                table = _backend.native().GradTable(params, str(device))
+            else:
+                table = _TorchGradTable(params, device, name)
+            tables.append((device, table, params))
+        self._grad_tables[optimizer] = (key, tables)
+        return tables
+
+    # ---- the fused pass ----
+
+    def _scale_on(self, device: torch.device) -> torch.Tensor:
+        assert self._scale is not None
+        return self._scale if self._scale.device == device else self._scale.to(device, non_blocking=True)
+
+    def _fused_pass(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        write: bool,
+        scale: Optional[torch.Tensor] = None,
+        factor: Optional[torch.Tensor] = None,
+        norm_type: float = 0.0,
+        max_norm: float = -1.0,
+    ):
+        """Run the fused kernel over every gradient of ``optimizer``.
+
+        ``scale`` defaults to the loss scale. Returns ``({device: found_inf}, [(device, norm, coef)])``.
+        """
+        found_per_device: dict[torch.device, torch.Tensor] = {}
+        results = []
+        with torch.no_grad():
+            for device, table, params in self._tables(optimizer):
+                s = self._scale_on(device) if scale is None else scale.to(device, non_blocking=True)
+                f = None if factor is None else factor.to(device, non_blocking=True)
+                found = torch.zeros((), dtype=torch.float32, device=device)
+                norm, _, coef = table.unscale_reduce(s, found, f, write, norm_type, False, max_norm)
+                sparse = table.sparse_params()
+                if sparse:
+                    if norm_type:
+                        raise RuntimeError(
+                            f"FusedGradScaler.clip_grad_norm_: parameter {sparse[0]} has a sparse gradient; "
+                            "clip sparse gradients with torch.nn.utils.clip_grad_norm_ after unscale_()"
+                        )
+                    self._unscale_sparse(params, sparse, s, f, found, write)
+                found_per_device[device] = found
+                results.append((device, norm, coef))
+        return found_per_device, results
+
+    @staticmethod
+    def _unscale_sparse(params, sparse, scale, factor, found, write) -> None:
+        # Stock semantics for sparse gradients: check (and unscale) their values; coalesce fp16 ones first.
+        inv = reference.inv_scale_of(scale) if write else torch.ones_like(scale)
+        if factor is not None and write:
+            inv = inv * factor
+        for i in sparse:
+            p = params[i]
+            if p.grad.dtype is torch.float16:
+                p.grad = p.grad.coalesce()
+            torch._amp_foreach_non_finite_check_and_unscale_([p.grad._values()], found, inv.reshape(()))
+
+    # ---- GradScaler API ----
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        # Kept for code that calls the stock internal directly: v = g * 1 * inv_scale is exactly g * inv_scale.
+        one = torch.ones((), dtype=torch.float32, device=inv_scale.device)
+        found_per_device, _ = self._fused_pass(optimizer, write=True, scale=one, factor=inv_scale)
+        for found in found_per_device.values():
+            found_inf.add_(found.to(found_inf.device))
+        return found_per_device
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        # Stock multiplies every gradient by 1.0 to find infs; a read-only pass finds the same at half the traffic.
+        self._check_scale_growth_tracker("_check_inf_per_device")
+        found_per_device, _ = self._fused_pass(optimizer, write=False)
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
+        return found_per_device
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Unscale ``optimizer``'s gradients in place and check them for inf/NaN, in one fused pass.
+
+        As :meth:`torch.amp.GradScaler.unscale_`, and fp16/bf16 gradients are accepted.
+        """
+        if not self._enabled:
+            return
+        self._check_scale_growth_tracker("unscale_")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        elif state["stage"] is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        state["found_inf_per_device"], _ = self._fused_pass(optimizer, write=True)
+        state["stage"] = OptState.UNSCALED
+
+    def clip_grad_norm_(
+        self, optimizer: torch.optim.Optimizer, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Unscale, check and clip ``optimizer``'s gradients by their total norm; return the norm (no host sync).
+
+        Is equivalent to ``scaler.unscale_(optimizer); torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)``
+        in one read-only gradient pass plus, for ordinary optimizers, one in-place pass. With optimizers that take
+        the scale themselves (``_step_supports_amp_scaling``, e.g. torch's fused AdamW) the unscale and the clip
+        are folded into the optimizer step instead: the gradients hold their scaled values until :meth:`step`,
+        which hands ``scale / clip_coef`` to the optimizer as its ``grad_scale``.
+
+        Args:
+            optimizer: the optimizer whose gradients to clip.
+            max_norm: the largest allowed total norm.
+            norm_type: 2.0 or inf run fused; any other p falls back to ``torch.nn.utils.clip_grad_norm_``.
+        Returns:
+            The total norm of the unscaled gradients (before clipping), a 0-d float32 tensor on the scale's device.
+        """
+        max_norm, norm_type = float(max_norm), float(norm_type)
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not self._enabled:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+        self._check_scale_growth_tracker("clip_grad_norm_")
+        if math.isnan(max_norm) or max_norm < 0:
+            raise ValueError(f"FusedGradScaler.clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("clip_grad_norm_() is being called after step().")
+        if norm_type != 2.0 and not (math.isinf(norm_type) and norm_type > 0):
+            if state.get(_PENDING) is not None:
+                raise RuntimeError(
+                    "clip_grad_norm_: a fused (deferred) clip is pending for this optimizer; a second clip with "
+                    f"norm_type={norm_type} is not supported on top of it"
+                )
+            if state["stage"] is OptState.READY:
+                self.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+            self._last_grad_norm = norm
+            return norm
+
+        ready = state["stage"] is OptState.READY
+        pending = state.get(_PENDING)
+        defer = getattr(optimizer, "_step_supports_amp_scaling", False) and (ready or pending is not None)
+        # The gradients hold true_grad * divisor: the loss scale when READY, the pending divisor after an earlier
+        # deferred clip, 1 when already unscaled in place.
+        if ready:
+            divisor = None  # the loss scale
+        elif pending is not None:
+            divisor = pending
+        else:
+            divisor = torch.ones((), dtype=torch.float32, device=self._scale.device)
+        found_per_device, results = self._fused_pass(
+            optimizer, write=False, scale=divisor, norm_type=norm_type, max_norm=max_norm
+        )
+        norm, coef = self._combine_norms(results, norm_type, max_norm)
+        if defer:
+            base = self._scale if divisor is None else divisor
+            state[_PENDING] = base / coef
+        else:
+            # Materialize: g = (g / divisor) * coef, in place.
+            self._fused_pass(optimizer, write=True, scale=divisor, factor=coef)
+        if ready:
+            state["found_inf_per_device"] = found_per_device
+            state["stage"] = OptState.UNSCALED
+        self._last_grad_norm = norm
+        return norm
+
+    def _combine_norms(self, results, norm_type: float, max_norm: float):
+        """The total norm and clip coefficient over devices (one device: straight from the kernel)."""
+        if len(results) == 1:
+            _, norm, coef = results[0]
+            return norm, coef
+        dev = self._scale.device
+        if not results:
+            norm = torch.zeros((), dtype=torch.float32, device=dev)
+        elif norm_type == 2.0:
+            norm = torch.stack([n.to(dev) for _, n, _ in results]).double().pow(2).sum().sqrt().float()
+        else:
+            norm = torch.stack([n.to(dev) for _, n, _ in results]).max()
+        return norm, reference.clip_coef(norm, max_norm)
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[float]:
+        """As :meth:`torch.amp.GradScaler.step`: unscale if needed, then step unless a gradient was inf/NaN.
+
+        With optimizers that take the scale themselves (``_step_supports_amp_scaling``) the check is a read-only
+        pass and the skip decision stays on the device: no host synchronization. Other optimizers keep stock
+        semantics (one host check of found_inf per step).
+        """
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        self._check_scale_growth_tracker("step")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+
+        if not getattr(optimizer, "_step_supports_amp_scaling", False):
+            if state["stage"] is OptState.READY:
+                self.unscale_(optimizer)
+            if len(state["found_inf_per_device"]) == 0:
+                raise AssertionError("No inf checks were recorded for this optimizer.")
+            retval = self._maybe_opt_step(optimizer, state, *args, **kwargs)
+            state["stage"] = OptState.STEPPED
+            return retval
+
+        if "grad_scaler" in inspect.signature(optimizer.step).parameters:
+            return super().step(optimizer, *args, **kwargs)  # the deprecated protocol: the optimizer drives us
+        if state["stage"] is OptState.READY:
+            self._check_inf_per_device(optimizer)
+        found = list(state["found_inf_per_device"].values())
+        if len(found) == 1 and found[0].device == self._scale.device:
+            found_inf = found[0]
+        else:
+            found_inf = sum(t.to(self._scale.device, non_blocking=True) for t in found)
+        user_scale = getattr(optimizer, "grad_scale", None)
+        pending = state.get(_PENDING)
+        if state["stage"] is OptState.READY:
+            grad_scale = self._scale if user_scale is None else self._scale * user_scale
+        elif pending is not None:
+            grad_scale = pending if user_scale is None else pending * user_scale
+        else:
+            grad_scale = user_scale
+        optimizer.grad_scale = grad_scale
+        optimizer.found_inf = found_inf
+        try:
+            retval = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale
+            del optimizer.found_inf
+        state["stage"] = OptState.STEPPED
+        return retval
+
+    def update(self, new_scale: Optional[float | torch.Tensor] = None) -> None:
+        """As :meth:`torch.amp.GradScaler.update`, on one device kernel (plus hysteresis, bounds, telemetry)."""
+        if not self._enabled:
+            return
+        _scale, _growth_tracker = self._check_scale_growth_tracker("update")
+        if new_scale is not None:
+            if isinstance(new_scale, float) and not (math.isfinite(new_scale) and new_scale > 0):
+                raise ValueError(f"FusedGradScaler.update: new_scale must be finite and > 0, got {new_scale}")
+            super().update(new_scale)
+            return
+        found_infs = [
+            found_inf.to(device=_scale.device, non_blocking=True)
+            for state in self._per_optimizer_states.values()
+            for found_inf in state["found_inf_per_device"].values()
+        ]
+        if len(found_infs) == 0:
+            raise AssertionError("No inf checks were recorded prior to update.")
+        found_inf = found_infs[0] if len(found_infs) == 1 else torch.stack(found_infs).sum()
+        ops.update_scale_(
+            _scale, _growth_tracker, found_inf, self._growth_factor, self._backoff_factor, self._growth_interval,
+            hysteresis=self._hysteresis, hysteresis_tracker=self._hysteresis_tracker,
+            min_scale=reference.FLOAT32_TINY if self._min_scale is None else self._min_scale,
+            max_scale=math.inf if self._max_scale is None else self._max_scale,
+            history=self._history, counters=self._counters, backend=self._backend,
+        )
+        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+
+    # ---- extras ----
+
+    def telemetry(self) -> dict[str, Any]:
+        """Read back the device-side telemetry (this synchronizes): ``scale_history`` (oldest first, at most
+        ``history_size``), ``updates``, ``skipped_steps``, ``last_grad_norm`` (from :meth:`clip_grad_norm_`)."""
+        if not self._telemetry_enabled:
+            raise RuntimeError("FusedGradScaler: telemetry is off; construct the scaler with telemetry=True")
+        last = None if self._last_grad_norm is None else float(self._last_grad_norm)
+        if self._counters is None:
+            return {"scale_history": [], "updates": 0, "skipped_steps": 0, "last_grad_norm": last}
+        updates, skipped = (int(v) for v in self._counters.tolist())
+        history = self._history.tolist()
+        n = len(history)
+        if updates <= n:
+            ordered = history[:updates]
+        else:
+            start = updates % n
+            ordered = history[start:] + history[:start]
+        return {"scale_history": ordered, "updates": updates, "skipped_steps": skipped, "last_grad_norm": last}
+
+    # ---- state ----
+
+    def state_dict(self) -> dict[str, Any]:
+        """As stock; extra entries only when the extras are in use (stock ignores unknown entries on load)."""
+        state = super().state_dict()
+        if state and (self._hysteresis != 1 or self._min_scale is not None or self._max_scale is not None):
+            state["hysteresis"] = self._hysteresis
+            state["_hysteresis_tracker"] = (
+                self._init_hysteresis_tracker
+                if self._hysteresis_tracker is None
+                else int(self._hysteresis_tracker.item())
+            )
+            state["min_scale"] = self._min_scale
+            state["max_scale"] = self._max_scale
+        return state
+
+    _STATE_TYPES = {
+        "scale": (int, float),
+        "growth_factor": (int, float),
+        "backoff_factor": (int, float),
+        "growth_interval": (int,),
+        "_growth_tracker": (int,),
+    }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As stock, with each entry checked first: a missing or wrong-typed entry raises naming the key."""
+        if not self._enabled:
+            return
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"FusedGradScaler.load_state_dict: expected a dict, got {type(state_dict).__name__}")
+        if len(state_dict) == 0:
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved "
+                "from a disabled instance of GradScaler."
+            )
+        for key, types in self._STATE_TYPES.items():
+            if key not in state_dict:
+                raise KeyError(f"FusedGradScaler.load_state_dict: missing key '{key}'")
+            value = state_dict[key]
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise TypeError(
+                    f"FusedGradScaler.load_state_dict: key '{key}' must be {' or '.join(t.__name__ for t in types)}, "
+                    f"got {type(state_dict[key]).__name__}"
+                )
+        scale = float(state_dict["scale"])
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"FusedGradScaler.load_state_dict: key 'scale' must be finite and > 0, got {scale}")
+        super().load_state_dict(state_dict)
+        if "hysteresis" in state_dict:
+            self._hysteresis = int(state_dict["hysteresis"])
+            self._init_hysteresis_tracker = int(state_dict.get("_hysteresis_tracker", self._hysteresis))
+            if self._hysteresis_tracker is not None:
+                self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
+            self._min_scale = state_dict.get("min_scale")
+            self._max_scale = state_dict.get("max_scale")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if self._enabled:
+            if self._hysteresis_tracker is not None:
+                state["_init_hysteresis_tracker"] = int(self._hysteresis_tracker.item())
+            state["_hysteresis_tracker"] = None
+            state["_counters"] = None
+            state["_history"] = None
+            state["_last_grad_norm"] = None
+        state["_grad_tables"] = None  # launch tables hold raw pointers: rebuilt after unpickling
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._grad_tables = weakref.WeakKeyDictionary()

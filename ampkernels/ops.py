@@ -1,0 +1,203 @@
+"""Functional multi-tensor AMP ops: wrappers that check, pick a backend and launch.
+
+Each op has a plain-PyTorch reference in :mod:`ampkernels.reference` with the same contract. The native ops are
+registered with ``torch.library`` (schemas in ``csrc/ops.cpp``) with fake implementations here, so
+``torch.compile`` can trace through them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+from ampkernels import _backend, reference
+
+
+class UnscaleResult(NamedTuple):
+    """What :func:`unscale_reduce_` computed; fields not requested are ``None``."""
+
+    norm: Optional[torch.Tensor]  # 0-d float32: the norm of all unscaled values
+    per_tensor_norms: Optional[torch.Tensor]  # [len(tensors)] float32
+    clip_coef: Optional[torch.Tensor]  # 0-d float32: min(max_norm / (norm + 1e-6), 1)
+
+
+def _norm_code(norm_type: Optional[float]) -> float:
+    if norm_type is None:
+        return 0.0
+    norm_type = float(norm_type)
+    if norm_type == 2.0 or (math.isinf(norm_type) and norm_type > 0):
+        return norm_type
+    raise ValueError(f"ampkernels: argument 'norm_type': the fused kernels compute 2 and inf norms, got {norm_type}")
+
+
+def _check_scalar(t: torch.Tensor, name: str, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"ampkernels: argument '{name}': expected a tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32 or t.numel() != 1:
+        raise ValueError(f"ampkernels: argument '{name}': expected a 1-element float32 tensor, got {t.dtype} {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"ampkernels: argument '{name}': expected a tensor on {device}, got one on {t.device}")
+
+
+def unscale_reduce_(
+    tensors: Sequence[torch.Tensor],
+    scale: torch.Tensor,
+    found_inf: torch.Tensor,
+    *,
+    factor: Optional[torch.Tensor] = None,
+    write: bool = True,
+    norm_type: Optional[float] = None,
+    per_tensor: bool = False,
+    max_norm: Optional[float] = None,
+    backend: Optional[str] = None,
+) -> UnscaleResult:
+    """One fused pass over many tensors: unscale in place, flag non-finite values, and take norms.
+
+    Args:
+        tensors: tensors of float32/float16/bfloat16/float64, mixed freely, all on ``found_inf``'s device; any
+            layout (non-dense views are staged through a contiguous copy).
+        scale: float32, 1 element: the loss scale; values are multiplied by ``fp32(1 / fp64(scale))``, exactly as
+            ``torch.amp.GradScaler.unscale_`` does.
+        found_inf: float32, 1 element: set to 1.0 when any input element is inf or NaN; never cleared.
+        factor: optional float32, 1 element, multiplied in after unscaling (for example a clip coefficient).
+        write: ``False`` for a read-only check (and norm): the tensors are not written.
+        norm_type: ``None``, ``2.0`` or ``inf``: the norm of the unscaled values to return.
+        per_tensor: also return each tensor's norm.
+        max_norm: also return the clip coefficient ``min(max_norm / (norm + 1e-6), 1)`` (needs ``norm_type``).
+        backend: ``"native"``, ``"triton"`` or ``"torch"``; default: the best available (see ``python -m
+            ampkernels.info``).
+
+    Is equivalent to ``torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, 1 / scale)`` followed by
+    ``torch.nn.utils.get_total_norm(tensors, norm_type)`` — in one pass, with no host synchronization.
+    """
+    device = found_inf.device
+    _check_scalar(scale, "scale", device)
+    _check_scalar(found_inf, "found_inf", device)
+    if factor is not None:
+        _check_scalar(factor, "factor", device)
+    code = _norm_code(norm_type)
+    if max_norm is not None and norm_type is None:
+        raise ValueError("ampkernels: argument 'max_norm': a clip coefficient needs norm_type")
+    tensors = list(tensors)
+    name = _backend.select(device, backend)
+    if name == "native":
+        norm, each, coef = torch.ops.ampkernels.unscale_reduce_(
+            tensors, scale, found_inf, factor, write, code, per_tensor, -1.0 if max_norm is None else float(max_norm)
+        )
+        has_norm = code != 0.0
+        return UnscaleResult(
+            norm if has_norm else None,
+            each if has_norm and per_tensor else None,
+            coef if has_norm and max_norm is not None else None,
+        )
+    if name == "triton":
+        coef = torch.empty((), dtype=torch.float32, device=device) if max_norm is not None else None
+        norm, each = _backend.triton_module().unscale_reduce_(
+            tensors, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor,
+            max_norm=max_norm, coef_out=coef,
+        )
+        return UnscaleResult(norm, each, coef)
+    for i, t in enumerate(tensors):
+        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            raise ValueError(f"ampkernels: argument 'tensors': element {i} has dtype {t.dtype}; "
+                             "supported: float32, float16, bfloat16, float64")
+    norm, each = reference.unscale_reduce_(
+        tensors, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor
+    )
+    coef = reference.clip_coef(norm, max_norm) if max_norm is not None else None
+    return UnscaleResult(norm, each, coef)
+
+
+def unscale_(tensors, scale, found_inf, *, norm_type=None, per_tensor=False, backend=None) -> UnscaleResult:
+    """Unscale ``tensors`` in place and set ``found_inf`` on non-finite values (optionally with norms).
+
+    Is equivalent to ``torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, 1 / scale)``; see
+    :func:`unscale_reduce_` for the arguments.
+    """
+    return unscale_reduce_(tensors, scale, found_inf, norm_type=norm_type, per_tensor=per_tensor, backend=backend)
+
+
+def check_and_norm(tensors, scale, found_inf, *, norm_type=2.0, per_tensor=False, backend=None) -> UnscaleResult:
+    """Read-only: set ``found_inf`` on non-finite values and return the norm of ``tensors / scale``.
+
+    For when unscaling is folded into the optimizer step; see :func:`unscale_reduce_` for the arguments.
+    """
+    return unscale_reduce_(
+        tensors, scale, found_inf, write=False, norm_type=norm_type, per_tensor=per_tensor, backend=backend
+    )
+
+
+def update_scale_(
+    scale: torch.Tensor,
+    growth_tracker: torch.Tensor,
+    found_inf: torch.Tensor,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+    *,
+    hysteresis: int = 1,
+    hysteresis_tracker: Optional[torch.Tensor] = None,
+    min_scale: float = reference.FLOAT32_TINY,
+    max_scale: float = math.inf,
+    history: Optional[torch.Tensor] = None,
+    counters: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+) -> None:
+    """Update the loss scale on the device; equals ``torch._amp_update_scale_`` with the default options.
+
+    Args:
+        scale: float32, 1 element. growth_tracker: int32, 1 element. found_inf: float32, 1 element (non-zero =
+            the step overflowed). hysteresis_tracker: int32, 1 element (required when ``hysteresis > 1``).
+        hysteresis: back off only after this many overflows since the last growth (Megatron-LM semantics).
+        min_scale, max_scale: bounds of the scale; by default it never drops below 2**-126.
+        counters: int64 [2] (updates, skipped steps) and history: float32 [N] (ring buffer of scales), optional.
+    See :func:`ampkernels.reference.update_scale_` for the exact rule.
+    """
+    if hysteresis < 1:
+        raise ValueError(f"ampkernels: argument 'hysteresis': must be >= 1, got {hysteresis}")
+    if growth_interval < 1:
+        raise ValueError(f"ampkernels: argument 'growth_interval': must be >= 1, got {growth_interval}")
+    if hysteresis > 1 and hysteresis_tracker is None:
+        raise ValueError("ampkernels: argument 'hysteresis_tracker': required when hysteresis > 1")
+    name = _backend.select(scale.device, backend)
+    if name == "native":
+        tracker = hysteresis_tracker
+        if tracker is None:  # hysteresis 1: the tracker's value never matters, only that one exists
+            tracker = torch.ones(1, dtype=torch.int32, device=scale.device)
+        torch.ops.ampkernels.update_scale_(
+            scale, growth_tracker, tracker, found_inf, float(growth_factor), float(backoff_factor),
+            int(growth_interval), int(hysteresis), float(min_scale), float(max_scale), counters, history,
+        )
+        return
+    impl = _backend.triton_module() if name == "triton" else reference
+    impl.update_scale_(
+        scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval, hysteresis=hysteresis,
+        hysteresis_tracker=hysteresis_tracker, min_scale=min_scale, max_scale=max_scale, history=history,
+        counters=counters,
+    )
+
+
+def _register_fakes() -> None:
+    """Fake (meta) implementations of the native ops, so torch.compile and opcheck can trace them."""
+    if _backend.native() is None or not hasattr(torch.library, "register_fake"):
+        return
+
+    @torch.library.register_fake("ampkernels::unscale_reduce_")
+    def _(tensors, scale, found_inf, factor, write, norm_type, per_tensor, max_norm):
+        dev = found_inf.device
+        empty = torch.empty(0, dtype=torch.float32, device=dev)
+        has_norm = norm_type != 0.0
+        norm = torch.empty((), dtype=torch.float32, device=dev) if has_norm else empty
+        each = torch.empty(len(tensors), dtype=torch.float32, device=dev) if has_norm and per_tensor else empty
+        coef = torch.empty((), dtype=torch.float32, device=dev) if has_norm and max_norm >= 0 else empty
+        return norm, each, coef
+
+    @torch.library.register_fake("ampkernels::update_scale_")
+    def _(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor, backoff_factor, growth_interval,
+          hysteresis, min_scale, max_scale, counters, history):
+        return None
+
+
+_register_fakes()

@@ -1,0 +1,229 @@
+// Fused multi-tensor unscale + non-finite check + norm (dev/DESIGN.md, kernels 1 and 2).
+// c10 headers only: ATen/cuda/CUDAContext.h pulls in cuSPARSE/cuBLAS headers a minimal toolkit lacks.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <type_traits>
+
+#include "../multi_tensor.h"
+#include "multi_tensor_apply.cuh"
+
+namespace ampkernels {
+namespace cuda {
+
+namespace {
+
+template <typename T, bool kWrite, NormKind kNorm, bool kFactor>
+struct UnscaleOp {
+  float inv, factor;
+  bool bad = false;
+  float acc = 0.f;
+
+  // Math in float32, or float64 for float64 tensors (as torch's own unscale kernel); norms accumulate in float32.
+  using M = std::conditional_t<std::is_same<T, double>::value, double, float>;
+
+  __device__ __forceinline__ void operator()(T& x) {
+    const M g = static_cast<M>(x);
+    bad |= !isfinite(g);
+    M v = g * static_cast<M>(inv);
+    if (kFactor) v *= static_cast<M>(factor);
+    if (kWrite) x = static_cast<T>(v);
+    const float vf = static_cast<float>(v);
+    if (kNorm == NormKind::kL2) acc = fmaf(vf, vf, acc);
+    if (kNorm == NormKind::kInf) acc = nan_max(acc, fabsf(vf));
+  }
+};
+
+// One block per chunk, persistent over the chunks [c_begin, c_end) of one dtype group.
+template <typename T, bool kWrite, NormKind kNorm, bool kFactor>
+__global__ void __launch_bounds__(kThreads) unscale_reduce_kernel(TableView tv, int64_t c_begin, int64_t c_end,
+                                                                 const float* __restrict__ scale,
+                                                                 const float* __restrict__ factor,
+                                                                 float2* __restrict__ partials) {
+  using P = Pack<T>;
+  constexpr int kVec = P::kSize;
+  UnscaleOp<T, kWrite, kNorm, kFactor> op;
+  // Same rounding as GradScaler.unscale_: reciprocal in float64, then float32.
+  op.inv = static_cast<float>(1.0 / static_cast<double>(*scale));
+  op.factor = kFactor ? *factor : 1.f;
+
+  for (int64_t c = c_begin + blockIdx.x; c < c_end; c += gridDim.x) {
+    const Chunk<T> ch = chunk_at<T>(tv, c);
+    op.bad = false;
+    op.acc = 0.f;
+    if (reinterpret_cast<uintptr_t>(ch.data) % 16 == 0) {
+      // Vector body: kUnroll independent 16-byte loads per thread before any use.
+      const int64_t num_packs = ch.size / kVec;
+      P* packs = reinterpret_cast<P*>(ch.data);
+      for (int64_t base = threadIdx.x; base < num_packs; base += int64_t(kThreads) * kUnroll) {
+        P regs[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t i = base + int64_t(u) * kThreads;
+          if (i < num_packs) regs[u] = packs[i];
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t i = base + int64_t(u) * kThreads;
+          if (i < num_packs) {
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) op(regs[u].v[k]);
+            if (kWrite) packs[i] = regs[u];
+          }
+        }
+      }
+      for (int64_t i = num_packs * kVec + threadIdx.x; i < ch.size; i += kThreads) op(ch.data[i]);
+    } else {
+      // Misaligned views (a tensor starting mid-allocation): plain coalesced element access.
+      for (int64_t i = threadIdx.x; i < ch.size; i += kThreads) op(ch.data[i]);
+    }
+    block_reduce<kNorm == NormKind::kInf>(op.bad, op.acc);
+    if (threadIdx.x == 0) partials[c] = make_float2(op.bad ? 1.f : 0.f, op.acc);
+  }
+}
+
+constexpr int kFinalizeThreads = 1024;
+
+// Single block: folds the per-chunk partials into found_inf, the norms and the clip coefficient, in a fixed order.
+template <NormKind kNorm>
+__global__ void __launch_bounds__(kFinalizeThreads)
+    finalize_kernel(const float2* __restrict__ partials, int64_t num_chunks, TableView tv, int64_t num_tensors,
+                    float* found_inf, float* norm_out, float* per_tensor_out, float max_norm, float* coef_out) {
+  constexpr bool kMax = kNorm == NormKind::kInf;
+  bool bad = false;
+  float acc = 0.f;
+  for (int64_t c = threadIdx.x; c < num_chunks; c += kFinalizeThreads) {
+    const float2 p = partials[c];
+    bad |= p.x != 0.f;
+    acc = kMax ? nan_max(acc, p.y) : acc + p.y;
+  }
+  __shared__ float s_acc[kFinalizeThreads / 32];
+  bad = __syncthreads_or(bad);
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other = __shfl_down_sync(0xffffffffu, acc, offset);
+    acc = kMax ? nan_max(acc, other) : acc + other;
+  }
+  if ((threadIdx.x & 31) == 0) s_acc[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    acc = s_acc[threadIdx.x];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other = __shfl_down_sync(0xffffffffu, acc, offset);
+      acc = kMax ? nan_max(acc, other) : acc + other;
+    }
+  }
+  if (threadIdx.x == 0) {
+    if (bad) *found_inf = 1.f;
+    if (kNorm != NormKind::kNone) {
+      const float norm = kNorm == NormKind::kL2 ? sqrtf(acc) : acc;
+      if (norm_out != nullptr) *norm_out = norm;
+      if (coef_out != nullptr) {
+        // torch: clamp(max_norm / (norm + 1e-6), max=1), where `float / tensor` is reciprocal(tensor) * float.
+        const float coef = (1.f / (norm + 1e-6f)) * max_norm;
+        *coef_out = coef > 1.f ? 1.f : coef;  // NaN stays NaN, as torch.clamp leaves it
+      }
+    }
+  }
+  if (kNorm != NormKind::kNone && per_tensor_out != nullptr) {
+    for (int64_t t = threadIdx.x; t < num_tensors; t += kFinalizeThreads) {
+      float s = 0.f;
+      for (int64_t c = tv.first_chunk[t]; c < tv.first_chunk[t + 1]; ++c)
+        s = kMax ? nan_max(s, partials[c].y) : s + partials[c].y;
+      per_tensor_out[tv.out_index[t]] = kNorm == NormKind::kL2 ? sqrtf(s) : s;
+    }
+  }
+}
+
+int multiprocessor_count() {
+  static int cached[64] = {0};  // per device ordinal; read once, cudaDeviceGetAttribute is not free
+  const int dev = c10::cuda::current_device();
+  if (dev < 64 && cached[dev] > 0) return cached[dev];
+  int count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+  if (dev < 64) cached[dev] = count;
+  return count;
+}
+
+template <typename T, bool kWrite, NormKind kNorm, bool kFactor>
+void launch_group(const TensorTable& table, const TableGroup& g, const UnscaleReduceArgs& a, cudaStream_t stream) {
+  const int64_t chunks = g.c_end - g.c_begin;
+  if (chunks == 0) return;
+  const int sms = multiprocessor_count();
+  // NOTE: 8 resident blocks of 256 threads per SM fill the SM's 2048 thread slots.
+  const int64_t blocks = std::min<int64_t>(chunks, int64_t(sms) * 8);
+  unscale_reduce_kernel<T, kWrite, kNorm, kFactor><<<blocks, kThreads, 0, stream>>>(
+      table.view(), g.c_begin, g.c_end, a.scale.data_ptr<float>(),
+      kFactor ? a.factor.data_ptr<float>() : nullptr, reinterpret_cast<float2*>(table.partials().data_ptr<float>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void dispatch_group(const TensorTable& table, const TableGroup& g, const UnscaleReduceArgs& a, cudaStream_t s) {
+  const bool f = a.factor.defined();
+#define AMPK_LAUNCH(W, N)                                \
+  (f ? launch_group<T, W, N, true>(table, g, a, s) : launch_group<T, W, N, false>(table, g, a, s))
+  if (a.write) {
+    switch (a.norm) {
+      case NormKind::kNone: AMPK_LAUNCH(true, NormKind::kNone); break;
+      case NormKind::kL2: AMPK_LAUNCH(true, NormKind::kL2); break;
+      case NormKind::kInf: AMPK_LAUNCH(true, NormKind::kInf); break;
+    }
+  } else {
+    switch (a.norm) {
+      case NormKind::kNone: AMPK_LAUNCH(false, NormKind::kNone); break;
+      case NormKind::kL2: AMPK_LAUNCH(false, NormKind::kL2); break;
+      case NormKind::kInf: AMPK_LAUNCH(false, NormKind::kInf); break;
+    }
+  }
+#undef AMPK_LAUNCH
+}
+
+template <typename P>
+P* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<P>() : nullptr;
+}
+
+}  // namespace
+
+}  // namespace cuda
+
+void unscale_reduce_cuda(const TensorTable& table, const UnscaleReduceArgs& a) {
+  const c10::cuda::CUDAGuard guard(table.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  for (const TableGroup& g : table.groups()) {
+    switch (g.dtype) {
+      case at::kFloat: cuda::dispatch_group<float>(table, g, a, stream); break;
+      case at::kHalf: cuda::dispatch_group<at::Half>(table, g, a, stream); break;
+      case at::kBFloat16: cuda::dispatch_group<at::BFloat16>(table, g, a, stream); break;
+      case at::kDouble: cuda::dispatch_group<double>(table, g, a, stream); break;
+      default: TORCH_CHECK(false, "ampkernels: unsupported gradient dtype ", g.dtype);
+    }
+  }
+  const TableView tv = table.view();
+  const auto* partials = reinterpret_cast<const float2*>(table.partials().data_ptr<float>());
+  float* found = a.found_inf.data_ptr<float>();
+  float* norm = cuda::ptr_or_null<float>(a.norm_out);
+  float* each = cuda::ptr_or_null<float>(a.per_tensor_out);
+  float* coef = cuda::ptr_or_null<float>(a.coef_out);
+  const float max_norm = static_cast<float>(a.max_norm);
+  const int64_t nc = table.num_chunks(), nt = table.num_tensors();
+  switch (a.norm) {
+    case NormKind::kNone:
+      cuda::finalize_kernel<NormKind::kNone><<<1, cuda::kFinalizeThreads, 0, stream>>>(partials, nc, tv, nt, found,
+                                                                                      norm, each, max_norm, coef);
+      break;
+    case NormKind::kL2:
+      cuda::finalize_kernel<NormKind::kL2><<<1, cuda::kFinalizeThreads, 0, stream>>>(partials, nc, tv, nt, found, norm,
+                                                                                    each, max_norm, coef);
+      break;
+    case NormKind::kInf:
+      cuda::finalize_kernel<NormKind::kInf><<<1, cuda::kFinalizeThreads, 0, stream>>>(partials, nc, tv, nt, found,
+                                                                                     norm, each, max_norm, coef);
+      break;
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace ampkernels

@@ -1,0 +1,69 @@
+// The tensor table: launch metadata for a list of tensors, built once and reused while the list is unchanged.
+// Layout (dev/DESIGN.md): tensors grouped by dtype, each cut into chunks of kChunkSize elements; one packed int64
+// tensor on the tensors' device holds addrs | numels | chunk_tensor | chunk_start | first_chunk | out_index.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace ampkernels {
+
+// NOTE: 16K elements a chunk keeps the persistent grid's last round short (BERT-base: 6.7k chunks over 1056
+// blocks); per-chunk overhead is one block reduction, ~1% of a chunk's memory time.
+constexpr int64_t kChunkSize = 16384;
+
+struct TableGroup {
+  at::ScalarType dtype;
+  int64_t t_begin, t_end;  // tensors of this dtype, in table order
+  int64_t c_begin, c_end;  // their chunks
+};
+
+// Raw device pointers into the packed metadata, passed to kernels by value.
+struct TableView {
+  const int64_t* addrs;
+  const int64_t* numels;
+  const int64_t* chunk_tensor;
+  const int64_t* chunk_start;
+  const int64_t* first_chunk;
+  const int64_t* out_index;
+};
+
+// One entry of a table's identity: the table is valid while every tensor keeps its storage, size and dtype.
+struct TensorKey {
+  const void* ptr;
+  int64_t numel;
+  at::ScalarType dtype;
+  bool operator==(const TensorKey& o) const { return ptr == o.ptr && numel == o.numel && dtype == o.dtype; }
+};
+
+class TensorTable {
+ public:
+  TensorTable() = default;
+  // `tensors` must all live on `device` and be non-overlapping and dense (checked by the caller). `out_index[i]`
+  // is where tensor i's per-tensor norm goes (default: i).
+  TensorTable(const std::vector<at::Tensor>& tensors, at::Device device, const std::vector<int64_t>& out_index = {});
+
+  bool matches(const std::vector<at::Tensor>& tensors) const;
+
+  int64_t num_tensors() const { return static_cast<int64_t>(keys_.size()); }
+  int64_t num_chunks() const { return num_chunks_; }
+  const std::vector<TableGroup>& groups() const { return groups_; }
+  const at::Tensor& meta() const { return meta_; }
+  at::Device device() const { return device_; }
+  TableView view() const;
+  // float32 [num_chunks, 2] scratch for per-chunk (non-finite flag, partial norm); reused across calls.
+  const at::Tensor& partials() const { return partials_; }
+
+ private:
+  std::vector<TensorKey> keys_;
+  std::vector<TableGroup> groups_;
+  int64_t num_chunks_ = 0;
+  at::Device device_ = at::kCPU;
+  at::Tensor meta_;       // packed int64 metadata on device_
+  at::Tensor meta_host_;  // pinned host copy kept alive for the asynchronous upload
+  at::Tensor partials_;
+};
+
+}  // namespace ampkernels

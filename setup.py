@@ -1,0 +1,77 @@
+"""Build ampkernels and its native extension ``ampkernels._C``.
+
+The CPU kernels are always built; the CUDA kernels whenever torch is a CUDA build and a CUDA toolkit is found
+(``CUDA_HOME``). Environment switches:
+
+- ``AMPKERNELS_NO_NATIVE=1``: build no native code at all (the package then runs on Triton / plain torch);
+- ``AMPKERNELS_NO_CUDA=1``: build the CPU kernels only;
+- ``TORCH_CUDA_ARCH_LIST``: the GPU architectures (default: sm_75 to sm_90 with CUDA 13, sm_70 to sm_90 before).
+- ``MAX_JOBS``: parallel compile jobs (ninja).
+"""
+
+import os
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+CSRC = ROOT / "csrc"
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "0").lower() in ("1", "true", "yes", "on")
+
+
+def _default_arch_list(cuda_version: str) -> str:
+    # CUDA 13 dropped sm_70 (Volta): cover what the toolkit can build.
+    major = int(cuda_version.split(".")[0])
+    return "7.5;8.0;8.6;8.9;9.0" if major >= 13 else "7.0;7.5;8.0;8.6;8.9;9.0"
+
+
+def _extensions():
+    if _truthy("AMPKERNELS_NO_NATIVE"):
+        return [], {}
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+    cpp_sources = [str(p.relative_to(ROOT)) for p in sorted(CSRC.rglob("*.cpp"))]
+    cuda_sources = [str(p.relative_to(ROOT)) for p in sorted(CSRC.rglob("*.cu"))]
+    cxx_flags = ["-O3"]  # the C++ standard comes from torch (C++17 or C++20 by version)
+    with_cuda = torch.version.cuda is not None and CUDA_HOME is not None and not _truthy("AMPKERNELS_NO_CUDA")
+    if with_cuda:
+        arch_list = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _default_arch_list(torch.version.cuda))
+        defines = ["-DAMPK_WITH_CUDA", f'-DAMPK_CUDA_ARCH_LIST="{arch_list}"']
+        ext = CUDAExtension(
+            "ampkernels._C",
+            cpp_sources + cuda_sources,
+            extra_compile_args={
+                "cxx": cxx_flags + defines,
+                # No --use_fast_math: the non-finite checks need IEEE isfinite and exact reciprocals.
+                "nvcc": ["-O3", "-lineinfo"] + defines,
+            },
+        )
+    else:
+        ext = CppExtension("ampkernels._C", cpp_sources, extra_compile_args={"cxx": cxx_flags})
+    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+ext_modules, cmdclass = _extensions()
+
+setup(
+    name="ampkernels",
+    version="0.1.0",
+    description="Fused, sync-free mixed-precision (AMP) kernels for PyTorch",
+    long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["ampkernels", "ampkernels.*"]),
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4"],
+    extras_require={
+        "triton": ["triton"],
+        "plot": ["matplotlib"],
+        "bench": ["matplotlib", "tqdm"],
+        "test": ["pytest", "matplotlib", "tqdm"],
+    },
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+)
