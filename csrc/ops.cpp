@@ -1,5 +1,6 @@
 // Every ampkernels op in one place: the torch.library schemas, their CPU/CUDA registrations, and the GradTable
 // class that FusedGradScaler keeps per optimizer so that a step's host work does not grow tensor by tensor.
+#include <torch/csrc/autograd/variable.h>
 #include <torch/extension.h>
 
 #include <cmath>
@@ -214,33 +215,67 @@ class GradTable {
     a.norm = norm_kind_of(norm_type);
     a.max_norm = max_norm;
     auto outputs = make_outputs(a, static_cast<int64_t>(params_.size()), per_tensor, device_);
-    for (auto& [pos, copy] : staged_) copy.copy_(grads_[pos]);
+    for (auto& [i, copy] : staged_) copy.copy_(params_[i].grad());
     launch_unscale_reduce(*table_, a);
     if (write)
-      for (auto& [pos, copy] : staged_) grads_[pos].copy_(copy);
+      for (auto& [i, copy] : staged_) params_[i].grad().copy_(copy);
     return outputs;
   }
 
   // The dense gradients the table covers, and the indices of parameters whose gradient is sparse (the caller
   // handles those the way torch.amp.GradScaler does).
-  std::vector<at::Tensor> grads() const { return grads_; }
+  std::vector<at::Tensor> grads() const {
+    std::vector<at::Tensor> out;
+    for (int64_t i : param_index_) out.push_back(params_[i].grad());
+    return out;
+  }
   std::vector<int64_t> sparse_params() const { return sparse_; }
   int64_t rebuilds() const { return rebuilds_; }
   int64_t num_chunks() const { return table_ ? table_->num_chunks() : 0; }
 
  private:
-  bool unchanged() const {
+  // p.grad() without the dispatch through VariableHooks (8 vs 24 ns a parameter, measured on a 2-core Xeon VM).
+  static c10::TensorImpl* grad_impl(const at::Tensor& p) {
+    auto* meta = static_cast<torch::autograd::AutogradMeta*>(p.unsafeGetTensorImpl()->autograd_meta());
+    if (meta == nullptr || !meta->grad_.defined()) return nullptr;
+    return meta->grad_.unsafeGetTensorImpl();
+  }
+
+  // What a gradient looked like when last seen. The same TensorImpl on the same StorageImpl at the same offset and
+  // numel still has the same data pointer (resize_ changes numel, set_ the StorageImpl) and is checked without
+  // touching the StorageImpl: NOTE 10k parameters, 38 -> 12 ns each. A new TensorImpl (zero_grad(set_to_none=True)
+  // then backward) takes the slow path, which compares the data pointer itself. The weak reference keeps a freed
+  // TensorImpl's memory from being reused for another one (so an equal address is the same object) without keeping
+  // the gradient's storage alive, so the allocator can hand the same memory to the next step's gradient.
+  struct Seen {
+    c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+    const c10::StorageImpl* storage;
+    int64_t offset;
+    bool dense;
+  };
+
+  bool unchanged() {
     size_t k = 0, s = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
-      const at::Tensor& g = params_[i].grad();
-      if (!g.defined()) continue;
-      if (g.layout() != at::kStrided) {
+      c10::TensorImpl* g = grad_impl(params_[i]);
+      if (g == nullptr) continue;
+      if (g->layout() != at::kStrided) {
         if (s >= sparse_.size() || sparse_[s] != static_cast<int64_t>(i)) return false;
         ++s;
         continue;
       }
-      if (k >= keys_.size() || !(keys_[k] == TensorKey{g.data_ptr(), g.numel(), g.scalar_type()}) ||
-          dense_[k] != g.is_non_overlapping_and_dense() || g.device() != device_)
+      if (k >= keys_.size() || g->numel() != keys_[k].numel) return false;
+      Seen& seen = seen_[k];
+      const c10::StorageImpl* storage = g->storage().unsafeGetStorageImpl();
+      const bool same_object =
+          g == seen.impl._unsafe_get_target() && storage == seen.storage && g->storage_offset() == seen.offset;
+      if (!same_object) {  // slow path: a new gradient tensor, maybe on the same memory
+        const at::Tensor& grad = params_[i].grad();
+        if (grad.data_ptr() != keys_[k].ptr || grad.device() != device_) return false;
+        seen = {c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr()), storage, g->storage_offset(),
+                g->is_non_overlapping_and_dense()};
+      }
+      if (c10::typeMetaToScalarType(g->dtype()) != keys_[k].dtype || g->is_non_overlapping_and_dense() != seen.dense)
         return false;
       ++k;
     }
@@ -248,13 +283,12 @@ class GradTable {
   }
 
   void rebuild() {
-    grads_.clear();
+    param_index_.clear();
     keys_.clear();
-    dense_.clear();
+    seen_.clear();
     staged_.clear();
     sparse_.clear();
     std::vector<at::Tensor> kernel_tensors;
-    std::vector<int64_t> param_index;
     for (size_t i = 0; i < params_.size(); ++i) {
       const at::Tensor& g = params_[i].grad();
       if (!g.defined()) continue;
@@ -268,24 +302,25 @@ class GradTable {
         continue;
       }
       const bool dense = g.is_non_overlapping_and_dense();
-      if (!dense) staged_.emplace_back(static_cast<int64_t>(grads_.size()), g.contiguous());
+      if (!dense) staged_.emplace_back(static_cast<int64_t>(i), g.contiguous());
       kernel_tensors.push_back(dense ? g : staged_.back().second);
-      grads_.push_back(g);
       keys_.push_back({g.data_ptr(), g.numel(), dt});
-      dense_.push_back(dense);
-      param_index.push_back(static_cast<int64_t>(i));
+      seen_.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(g.getIntrusivePtr()), g.storage().unsafeGetStorageImpl(),
+                       g.storage_offset(), dense});
+      param_index_.push_back(static_cast<int64_t>(i));
     }
-    table_ = std::make_unique<TensorTable>(kernel_tensors, device_, param_index);
+    table_ = std::make_unique<TensorTable>(kernel_tensors, device_, param_index_);
     ++rebuilds_;
   }
 
   std::vector<at::Tensor> params_;
   at::Device device_;
   std::unique_ptr<TensorTable> table_;
-  std::vector<at::Tensor> grads_;  // the gradients in the table, in parameter order
+  // No strong reference to any gradient is kept between calls: that would pin last step's memory.
+  std::vector<int64_t> param_index_;  // parameters whose gradient is in the table, in table-input order
   std::vector<TensorKey> keys_;
-  std::vector<bool> dense_;
-  std::vector<std::pair<int64_t, at::Tensor>> staged_;  // (index into grads_, contiguous copy) for strided views
+  std::vector<Seen> seen_;
+  std::vector<std::pair<int64_t, at::Tensor>> staged_;  // (parameter index, contiguous copy) for strided views
   std::vector<int64_t> sparse_;
   int64_t rebuilds_ = 0;
 };

@@ -1,7 +1,6 @@
-// CPU implementation of the fused multi-tensor unscale + non-finite check + norm: vectorized with at::vec,
-// parallel over chunks with at::parallel_for, each chunk writing its own partial (deterministic).
+// CPU implementation of the fused multi-tensor unscale + non-finite check + norm: lane loops the compiler
+// vectorizes, parallel over chunks with at::parallel_for, each chunk writing its own partial (deterministic).
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/vec.h>
 
 #include <cmath>
 #include <type_traits>
@@ -11,77 +10,43 @@
 namespace ampkernels {
 namespace {
 
-using FVec = at::vec::Vectorized<float>;
-
 float nan_max(float a, float b) { return (b > a || std::isnan(b)) && !std::isnan(a) ? b : a; }
 
-template <bool kWrite, NormKind kNorm, bool kFactor>
-struct ChunkAccumulator {
-  float inv, factor;
-  FVec vbad{0.f}, vacc{0.f};
-  bool bad = false;
-  float acc = 0.f;
-
-  // 8 floats at a time; returns the values to store when writing.
-  FVec vec(FVec g) {
-    vbad = vbad | (g - g).isnan();  // g - g is NaN exactly when g is inf or NaN
-    FVec v = g * FVec(inv);
-    if (kFactor) v = v * FVec(factor);
-    if (kNorm == NormKind::kL2) vacc = at::vec::fmadd(v, v, vacc);
-    if (kNorm == NormKind::kInf) vacc = at::vec::maximum(vacc, v.abs());  // maximum() propagates NaN
-    return v;
-  }
-  // M is float, or double for float64 tensors (unscaled in float64 like torch's own kernel).
-  template <typename M>
-  M scalar(M g) {
-    bad |= !std::isfinite(g);
-    M v = g * static_cast<M>(inv);
-    if (kFactor) v *= static_cast<M>(factor);
-    const float vf = static_cast<float>(v);
-    if (kNorm == NormKind::kL2) acc = std::fma(vf, vf, acc);
-    if (kNorm == NormKind::kInf) acc = nan_max(acc, std::fabs(vf));
-    return v;
-  }
-  void finish(bool& out_bad, float& out_acc) {
-    float lanes[FVec::size()], flags[FVec::size()];
-    vacc.store(lanes);
-    vbad.store(flags);
-    for (int k = 0; k < FVec::size(); ++k) {
-      bad |= flags[k] != 0.f;
-      acc = kNorm == NormKind::kInf ? nan_max(acc, lanes[k]) : acc + lanes[k];
-    }
-    out_bad = bad;
-    out_acc = acc;
-  }
-};
+// One chunk, in blocks of kLanes elements with one accumulator per lane: the lanes are independent, so the
+// compiler vectorizes the block loop without reassociating a single float sum (no -ffast-math needed).
+// NOTE: at::vec::Vectorized compiled without ATen's per-ISA flags fell back to its generic code: 6.4 ms for 4M
+// float32 elements on a 2-core Xeon VM, against 0.8 ms for a plain copy; these loops vectorize with baseline SSE2.
+constexpr int kLanes = 16;
 
 template <typename T, bool kWrite, NormKind kNorm, bool kFactor>
-void run_chunk(T* p, int64_t n, float inv, float factor, float* partial) {
-  ChunkAccumulator<kWrite, kNorm, kFactor> op{inv, factor};
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    for (; i + FVec::size() <= n; i += FVec::size()) {
-      FVec v = op.vec(FVec::loadu(p + i));
-      if (kWrite) v.store(p + i);
-    }
-  } else if constexpr (std::is_same_v<T, at::Half> || std::is_same_v<T, at::BFloat16>) {
-    using LVec = at::vec::Vectorized<T>;
-    for (; i + LVec::size() <= n; i += LVec::size()) {
-      auto [lo, hi] = at::vec::convert_to_float<T>(LVec::loadu(p + i));
-      FVec vlo = op.vec(lo), vhi = op.vec(hi);
-      if (kWrite) at::vec::convert_from_float<T>(vlo, vhi).store(p + i);
-    }
-  }
+void run_chunk(T* __restrict__ p, int64_t n, float inv, float factor, float* partial) {
+  // Math in float32, or float64 for float64 tensors (as torch's own unscale kernel); norms in float32.
   using M = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  for (; i < n; ++i) {  // tails, and float64
-    const M v = op.scalar(static_cast<M>(p[i]));
-    if (kWrite) p[i] = static_cast<T>(v);
+  const M inv_m = static_cast<M>(inv), factor_m = static_cast<M>(factor);
+  float acc[kLanes] = {};
+  int bad[kLanes] = {};
+  auto element = [&](T& x, int lane) {
+    const M g = static_cast<M>(x);
+    bad[lane] |= !(g - g == M(0));  // g - g is 0 exactly when g is finite
+    M v = g * inv_m;
+    if (kFactor) v *= factor_m;
+    if (kWrite) x = static_cast<T>(v);
+    const float vf = static_cast<float>(v);
+    if (kNorm == NormKind::kL2) acc[lane] += vf * vf;
+    if (kNorm == NormKind::kInf) acc[lane] = nan_max(acc[lane], std::fabs(vf));
+  };
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) element(p[i + l], l);
+  for (int l = 0; i < n; ++i, ++l) element(p[i], l);
+  bool any_bad = false;
+  float total = 0.f;
+  for (int l = 0; l < kLanes; ++l) {
+    any_bad |= bad[l] != 0;
+    total = kNorm == NormKind::kInf ? nan_max(total, acc[l]) : total + acc[l];
   }
-  bool bad;
-  float acc;
-  op.finish(bad, acc);
-  partial[0] = bad ? 1.f : 0.f;
-  partial[1] = acc;
+  partial[0] = any_bad ? 1.f : 0.f;
+  partial[1] = total;
 }
 
 template <typename T, bool kWrite, NormKind kNorm, bool kFactor>

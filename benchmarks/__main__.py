@@ -1,0 +1,132 @@
+"""Runner behind ``python -m benchmarks``: runs the benchmark modules, prints their tables, saves JSON and PNG.
+
+Every module named in ``BENCHMARK_MODULES`` provides ``NAME``, ``run(ctx: RunContext) -> dict`` (rows and anything
+else worth keeping), ``report(document) -> str`` (the table) and ``plot(document, path, title) -> bool``. Results go
+to ``<out>/<NAME>_<device>.json`` and ``.png``, e.g. ``grad_scaler_nvidia-h200.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from benchmarks.common import (
+    CPU_SMALL_NOTE,
+    RunContext,
+    describe_environment,
+    device_slug,
+    environment_info,
+    measure_copy_bandwidth,
+    save_json,
+)
+from benchmarks.param_sets import CPU_SHRINK, PARAM_SETS
+
+BENCHMARK_MODULES = ("bench_grad_scaler",)
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+# NOTE: loops of >= 50 ms keep the launch and clock jitter of a GPU loop near 1%; on the CPU 20 ms loops keep the
+# whole run of all four sets under ~3 minutes on 2 cores.
+GPU_TARGET_LOOP_S, CPU_TARGET_LOOP_S = 0.05, 0.02
+REPEATS, QUICK_REPEATS = 7, 3
+
+
+def _benchmark_name(module_name: str) -> str:
+    return module_name.removeprefix("bench_")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Time ampkernels against stock PyTorch in the same run; print tables, save JSON and PNG.",
+    )
+    parser.add_argument("--only", choices=[_benchmark_name(name) for name in BENCHMARK_MODULES], help="one benchmark")
+    parser.add_argument(
+        "--sets",
+        default=",".join(PARAM_SETS),
+        help=f"comma-separated parameter sets (default: all of {','.join(PARAM_SETS)})",
+    )
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_REPEATS} repeats per loop instead of {REPEATS}")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON and PNG files (default: benchmarks/results)"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="save no PNG")
+    parser.add_argument(
+        "--shrink",
+        type=int,
+        help=f"divide every width of the parameter sets by this (default: 1 on a GPU, {CPU_SHRINK} on the CPU)",
+    )
+    args = parser.parse_args(argv)
+    args.sets = [name.strip() for name in args.sets.split(",") if name.strip()]
+    unknown = [name for name in args.sets if name not in PARAM_SETS]
+    if unknown or not args.sets:
+        parser.error(f"unknown parameter sets {unknown}; choose from {','.join(PARAM_SETS)}")
+    if args.shrink is not None and args.shrink < 1:
+        parser.error("--shrink must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cpu_small = device.type == "cpu"
+    shrink = args.shrink or (CPU_SHRINK if cpu_small else 1)
+    repeats = QUICK_REPEATS if args.quick else REPEATS
+    target_loop_s = CPU_TARGET_LOOP_S if cpu_small else GPU_TARGET_LOOP_S
+    environment = environment_info(device)
+    header = [f"== {describe_environment(environment)} =="]
+    if cpu_small:
+        header.append(f"!! {CPU_SMALL_NOTE} (every width divided by {shrink}) !!")
+    elif shrink > 1:
+        header.append(f"!! sizes scaled down: every width divided by {shrink} !!")
+    print("\n".join(header), file=sys.stderr, flush=True)  # stdout keeps only the final report
+
+    copy_bandwidth = measure_copy_bandwidth(device, repeats, target_loop_s)
+    header.append(f"copy bandwidth: {copy_bandwidth['gbs']:.1f} GB/s (bytes read + written)")
+    selected = [name for name in BENCHMARK_MODULES if args.only in (None, _benchmark_name(name))]
+    reports = []
+    for module_name in selected:
+        module = importlib.import_module(f"benchmarks.{module_name}")
+        with tqdm(desc=module.NAME, unit="case", dynamic_ncols=True) as progress:
+            ctx = RunContext(device, args.sets, shrink, repeats, target_loop_s, copy_bandwidth["gbs"], progress)
+            results = module.run(ctx)
+        document = {
+            "benchmark": module.NAME,
+            "mode": "cpu-small" if cpu_small else "gpu",
+            "mode_note": CPU_SMALL_NOTE if cpu_small else None,
+            "environment": environment,
+            "copy_bandwidth": copy_bandwidth,
+            "settings": {
+                "sets": args.sets,
+                "shrink": shrink,
+                "quick": args.quick,
+                "repeats": repeats,
+                "target_loop_ms": target_loop_s * 1e3,
+            },
+            **results,
+        }
+        stem = args.out / f"{module.NAME}_{device_slug(environment)}"
+        save_json(stem.with_suffix(".json"), document)
+        saved = [stem.with_suffix(".json")]
+        if not args.no_plot:
+            title = f"{module.NAME}: {describe_environment(environment)}"
+            if cpu_small:
+                title += f"\n{CPU_SMALL_NOTE}"
+            if module.plot(document, stem.with_suffix(".png"), title):
+                saved.append(stem.with_suffix(".png"))
+        reports.append(f"[{module.NAME}]\n{module.report(document)}\nsaved: {', '.join(map(str, saved))}")
+
+    print("\n".join(header))
+    print("\n\n".join(reports))
+    print(f"finished in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

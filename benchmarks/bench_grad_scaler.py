@@ -1,0 +1,297 @@
+"""Stock ``torch.amp.GradScaler`` against ``ampkernels.FusedGradScaler`` on the post-backward ops.
+
+Per parameter set, on the same tensors in the same run:
+
+1. ``unscale_`` alone, with a plain SGD optimizer (lr 0). Floor: one read + write of the fp32 grads, 8 B/param.
+2. ``unscale_`` + gradient clipping. Stock: ``unscale_`` then ``clip_grad_norm_(foreach=True)``; ampkernels:
+   ``clip_grad_norm_`` with the SGD optimizer (grads unscaled and clipped in place, floor 8 B/param) and with torch's
+   fused AdamW, where the unscale and clip are deferred into the fused step and only a read-only pass runs here
+   (floor 4 B/param; not the same work as stock, so no speedup is given).
+3. The whole post-backward phase with torch's fused AdamW: stock ``unscale_`` + ``clip_grad_norm_`` + ``step`` +
+   ``update``; ampkernels ``clip_grad_norm_`` + ``step`` + ``update``. Floor 32 B/param (AdamW reads p, g, m, v and
+   writes p, m, v: 28 B; plus one read-only pass over the grads for the non-finite check and the norm: 4 B).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+from ampkernels import FusedGradScaler
+from benchmarks.common import (
+    LoopTiming,
+    RunContext,
+    format_table,
+    free_device_memory,
+    plot_grouped_bars,
+    synchronize,
+    time_interleaved,
+)
+from benchmarks.param_sets import PARAM_SETS, make_params
+
+NAME = "grad_scaler"
+
+# The loops repeat unscale and clip on the same grads: at the default scale 2^16, or with a real max_norm, they would
+# shrink the grads to zero within a few iterations and we would time zeros. Scale 1 and max_norm 1e9 leave the grads
+# as they are while doing the same arithmetic and memory traffic; the huge growth interval keeps the scale at 1.
+TIMING_SCALER_SETTINGS = {"init_scale": 1.0, "growth_interval": 2**30}
+TIMING_MAX_NORM = 1e9
+TIMING_NOTE = (
+    "timing loops use init_scale=1.0, max_norm=1e9 and growth_interval=2**30 so that repeated unscale and clip "
+    "leave the gradients unchanged instead of driving them to zero; the arithmetic and memory traffic are identical "
+    "for any scale and max_norm (max_norm 1.0 semantics)"
+)
+DEFERRED_NOTE = (
+    "'deferred into the fused step': with torch's fused AdamW, FusedGradScaler.clip_grad_norm_ only runs a read-only "
+    "pass (non-finite check + norm) and hands the unscale and clip to the optimizer step; it is not the same work as "
+    "stock unscale_ + clip, so it gets no speedup; compare the post-backward rows for the whole phase"
+)
+TIMING_METHOD_NOTE = (
+    "time = median over repeats of the wall time per iteration of a loop of `iters` iterations (host work included); "
+    "device ms = CUDA events around the same loop; GB/s = floor bytes / time; x floor = time / (floor bytes / copy "
+    "bandwidth); speedup = stock time / time"
+)
+# A relative difference above this between the norms of stock and ampkernels means a benchmark of a wrong kernel.
+NORM_AGREEMENT = 1e-4
+
+
+@dataclass(frozen=True)
+class Variant:
+    case: str
+    implementation: str
+    label: str
+    floor_bytes_per_param: int
+
+
+CASES = ("unscale_", "unscale_+clip", "post-backward")
+STOCK, FUSED, FUSED_DEFERRED = "stock", "ampkernels", "ampkernels-deferred"
+SERIES_LABELS = {
+    STOCK: "torch.amp.GradScaler",
+    FUSED: "ampkernels.FusedGradScaler",
+    FUSED_DEFERRED: "FusedGradScaler, clip deferred into the fused step (read-only pass only)",
+}
+STOCK_UNSCALE = Variant("unscale_", STOCK, "GradScaler.unscale_", 8)
+FUSED_UNSCALE = Variant("unscale_", FUSED, "FusedGradScaler.unscale_", 8)
+STOCK_CLIP = Variant("unscale_+clip", STOCK, "unscale_ + clip_grad_norm_(foreach)", 8)
+FUSED_CLIP = Variant("unscale_+clip", FUSED, "clip_grad_norm_ (SGD: in place)", 8)
+FUSED_CLIP_DEFERRED = Variant(
+    "unscale_+clip", FUSED_DEFERRED, "clip_grad_norm_ (AdamW: deferred into the fused step)", 4
+)
+STOCK_PHASE = Variant("post-backward", STOCK, "unscale_ + clip_grad_norm_ + step + update", 32)
+FUSED_PHASE = Variant("post-backward", FUSED, "clip_grad_norm_ + step + update", 32)
+
+
+def _reset_stage(scaler: torch.amp.GradScaler) -> None:
+    """Forget this iteration's unscale_/step, so that unscale_ may run again without an update()."""
+    scaler._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
+
+
+def _ready(scaler: torch.amp.GradScaler, device: torch.device) -> torch.amp.GradScaler:
+    scaler.scale(torch.ones((), device=device))  # creates the scale tensor, which unscale_ needs
+    return scaler
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+def _relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return abs(float(value) - float(reference)) / float(reference)
+
+
+def _bench_param_set(ctx: RunContext, set_name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    shapes = PARAM_SETS[set_name](ctx.shrink)
+    params = make_params(shapes, ctx.device, seed=0)
+    grads = [param.grad for param in params]
+    num_params = sum(param.numel() for param in params)
+    initial_grad_norm = _total_norm(grads)
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+
+    sgd = torch.optim.SGD(params, lr=0.0)
+    stock_adamw = torch.optim.AdamW(params, fused=True)
+    fused_adamw = torch.optim.AdamW(params, fused=True)
+    stock = _ready(torch.amp.GradScaler(ctx.device.type, **TIMING_SCALER_SETTINGS), ctx.device)
+    fused = _ready(FusedGradScaler(ctx.device.type, **TIMING_SCALER_SETTINGS), ctx.device)
+
+    def stock_unscale() -> None:
+        _reset_stage(stock)
+        stock.unscale_(sgd)
+
+    def fused_unscale() -> None:
+        _reset_stage(fused)
+        fused.unscale_(sgd)
+
+    def stock_clip() -> torch.Tensor:
+        _reset_stage(stock)
+        stock.unscale_(sgd)
+        return torch.nn.utils.clip_grad_norm_(params, TIMING_MAX_NORM, foreach=True)
+
+    def fused_clip() -> torch.Tensor:
+        _reset_stage(fused)
+        return fused.clip_grad_norm_(sgd, TIMING_MAX_NORM)
+
+    def fused_clip_deferred() -> torch.Tensor:
+        _reset_stage(fused)
+        return fused.clip_grad_norm_(fused_adamw, TIMING_MAX_NORM)
+
+    def stock_phase() -> None:
+        stock.unscale_(stock_adamw)
+        torch.nn.utils.clip_grad_norm_(params, TIMING_MAX_NORM, foreach=True)
+        stock.step(stock_adamw)
+        stock.update()
+
+    def fused_phase() -> None:
+        fused.clip_grad_norm_(fused_adamw, TIMING_MAX_NORM)
+        fused.step(fused_adamw)
+        fused.update()
+
+    # One untimed pass checks that both scalers compute the same norm: timing a wrong kernel is worthless.
+    stock_norm = stock_clip()
+    norm_differences = {
+        "in_place": _relative_difference(fused_clip(), stock_norm),
+        "deferred": _relative_difference(fused_clip_deferred(), stock_norm),
+    }
+
+    cases: dict[str, dict[Variant, Callable[[], Any]]] = {
+        "unscale_": {STOCK_UNSCALE: stock_unscale, FUSED_UNSCALE: fused_unscale},
+        "unscale_+clip": {STOCK_CLIP: stock_clip, FUSED_CLIP: fused_clip, FUSED_CLIP_DEFERRED: fused_clip_deferred},
+        "post-backward": {STOCK_PHASE: stock_phase, FUSED_PHASE: fused_phase},
+    }
+    timings: dict[Variant, LoopTiming] = {}
+    for case, variants in cases.items():
+        ctx.progress.set_postfix_str(f"{set_name}: {case}")
+        _reset_stage(stock)
+        _reset_stage(fused)
+        timings.update(time_interleaved(variants, ctx.device, ctx.repeats, ctx.target_loop_s))
+        ctx.progress.update()
+    synchronize(ctx.device)
+
+    set_info = {
+        "num_tensors": len(params),
+        "num_params": num_params,
+        "norm_relative_difference": norm_differences,
+        # Stays 1 when the timing loops left the grads as they were (see TIMING_NOTE).
+        "grad_norm_ratio_after_timing": float(_total_norm(grads) / initial_grad_norm),
+        "scales_after_timing": {STOCK: stock.get_scale(), FUSED: fused.get_scale()},
+    }
+    if ctx.device.type == "cuda":
+        set_info["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(ctx.device) / 2**30, 2)
+
+    stock_ms = {variant.case: timings[variant].median_wall_ms for variant in timings if variant.implementation == STOCK}
+    rows = [
+        _row(set_name, variant, timing, len(params), num_params, ctx.copy_bandwidth_gbs, stock_ms[variant.case])
+        for variant, timing in timings.items()
+    ]
+    return rows, set_info
+
+
+def _row(
+    set_name: str,
+    variant: Variant,
+    timing: LoopTiming,
+    num_tensors: int,
+    num_params: int,
+    copy_bandwidth_gbs: float,
+    stock_ms: float,
+) -> dict[str, Any]:
+    wall_ms = timing.median_wall_ms
+    floor_bytes = variant.floor_bytes_per_param * num_params
+    floor_ms = floor_bytes / (copy_bandwidth_gbs * 1e9) * 1e3
+    return {
+        "set": set_name,
+        "case": variant.case,
+        "implementation": variant.implementation,
+        "label": variant.label,
+        "num_tensors": num_tensors,
+        "num_params": num_params,
+        "iterations": timing.iterations,
+        "repeats": len(timing.wall_ms),
+        "wall_ms": wall_ms,
+        "wall_ms_per_repeat": timing.wall_ms,
+        "device_ms": timing.median_device_ms,
+        "device_ms_per_repeat": timing.device_ms,
+        "floor_bytes_per_param": variant.floor_bytes_per_param,
+        "floor_ms": floor_ms,
+        "gbs": floor_bytes / (wall_ms * 1e-3) / 1e9,
+        "x_floor": wall_ms / floor_ms,
+        "speedup_over_stock": None if variant.implementation == FUSED_DEFERRED else stock_ms / wall_ms,
+    }
+
+
+def _warnings(param_sets: dict[str, dict[str, Any]]) -> list[str]:
+    found = []
+    for set_name, info in param_sets.items():
+        for path, difference in info["norm_relative_difference"].items():
+            if difference > NORM_AGREEMENT:
+                found.append(f"WARNING {set_name}: {path} clip norm differs from stock by {difference:.2e} (relative)")
+        if abs(info["grad_norm_ratio_after_timing"] - 1.0) > NORM_AGREEMENT:
+            found.append(
+                f"WARNING {set_name}: grad norm changed by x{info['grad_norm_ratio_after_timing']:.4g} while timing"
+            )
+    return found
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    ctx.progress.reset(total=len(ctx.sets) * len(CASES))
+    rows: list[dict[str, Any]] = []
+    param_sets: dict[str, dict[str, Any]] = {}
+    for set_name in ctx.sets:
+        set_rows, param_sets[set_name] = _bench_param_set(ctx, set_name)
+        rows += set_rows
+        free_device_memory(ctx.device)
+    return {
+        "param_sets": param_sets,
+        "notes": [TIMING_NOTE, DEFERRED_NOTE, TIMING_METHOD_NOTE],
+        "warnings": _warnings(param_sets),
+        "rows": rows,
+    }
+
+
+def _format_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
+def report(document: dict[str, Any]) -> str:
+    headers = ["set", "case", "implementation", "iters", "time ms", "device ms", "GB/s", "x floor", "speedup"]
+    table_rows = [
+        [
+            row["set"],
+            row["case"],
+            row["label"],
+            str(row["iterations"]),
+            _format_ms(row["wall_ms"]),
+            _format_ms(row["device_ms"]),
+            f"{row['gbs']:.1f}",
+            f"{row['x_floor']:.2f}",
+            "-" if row["speedup_over_stock"] is None else f"{row['speedup_over_stock']:.2f}x",
+        ]
+        for row in document["rows"]
+    ]
+    set_lines = [
+        f"{name}: {info['num_tensors']} tensors, {info['num_params'] / 1e6:.2f}M params; clip norm vs stock "
+        f"(relative): in place {info['norm_relative_difference']['in_place']:.1e}, "
+        f"deferred {info['norm_relative_difference']['deferred']:.1e}"
+        for name, info in document["param_sets"].items()
+    ]
+    notes = [f"note: {note}" for note in document["notes"]]
+    return "\n".join([format_table(headers, table_rows, "lllrrrrrr"), "", *set_lines, *notes, *document["warnings"]])
+
+
+def plot(document: dict[str, Any], path: Path, title: str) -> bool:
+    time_ms = {(row["set"], row["case"], row["implementation"]): row["wall_ms"] for row in document["rows"]}
+    panels = {}
+    for set_name, info in document["param_sets"].items():
+        series = {
+            label: [time_ms.get((set_name, case, implementation)) for case in CASES]
+            for implementation, label in SERIES_LABELS.items()
+        }
+        panel_title = f"{set_name} ({info['num_params'] / 1e6:.1f}M params, {info['num_tensors']} tensors)"
+        panels[panel_title] = (list(CASES), series)
+    return plot_grouped_bars(path, title, panels, ylabel="time per iteration, ms (log)")

@@ -1,0 +1,267 @@
+"""Shared pieces of the benchmarks: timing, copy bandwidth, environment, saving, tables and plots."""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CPU_SMALL_NOTE = "cpu-small: sizes scaled down, not comparable to GPU figures"
+
+
+@dataclass
+class RunContext:
+    """What the runner hands every benchmark module's ``run``."""
+
+    device: torch.device
+    sets: list[str]
+    shrink: int  # every width of the parameter sets is divided by this
+    repeats: int
+    target_loop_s: float  # each timed loop runs enough iterations to last at least this long
+    copy_bandwidth_gbs: float
+    progress: Any  # a tqdm bar: the module sets its total and advances it
+
+    @property
+    def cpu_small(self) -> bool:
+        return self.device.type == "cpu"
+
+
+@dataclass
+class LoopTiming:
+    """Milliseconds per iteration, one entry per repeat of a loop of ``iterations`` calls."""
+
+    iterations: int
+    wall_ms: list[float] = field(default_factory=list)
+    device_ms: list[float] = field(default_factory=list)  # CUDA events around the same loop; empty on the CPU
+
+    @property
+    def median_wall_ms(self) -> float:
+        return statistics.median(self.wall_ms)
+
+    @property
+    def median_device_ms(self) -> float | None:
+        return statistics.median(self.device_ms) if self.device_ms else None
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_device_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _time_loop(fn: Callable[[], Any], iterations: int, device: torch.device) -> tuple[float, float | None]:
+    """Wall and device milliseconds per iteration over ``iterations`` back-to-back calls of ``fn``.
+
+    Wall time is the primary figure: these ops include host work (Python loops, launches) that device events miss.
+    """
+    events = None
+    if device.type == "cuda":
+        events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    synchronize(device)
+    start = time.perf_counter()
+    if events:
+        events[0].record()
+    for _ in range(iterations):
+        fn()
+    if events:
+        events[1].record()
+    synchronize(device)
+    wall_ms = (time.perf_counter() - start) * 1e3 / iterations
+    device_ms = events[0].elapsed_time(events[1]) / iterations if events else None
+    return wall_ms, device_ms
+
+
+def time_interleaved(
+    variants: dict[Hashable, Callable[[], Any]],
+    device: torch.device,
+    repeats: int,
+    target_loop_s: float,
+    warmup_iterations: int = 3,
+) -> dict[Hashable, LoopTiming]:
+    """Times each variant's loop ``repeats`` times, taking turns so that clock or thermal drift hits all alike.
+
+    Each variant first runs ``warmup_iterations`` calls (compilation, caches, lazily allocated optimizer state), then
+    one timed call sets its iteration count so that a loop lasts at least ``target_loop_s``.
+    """
+    timings = {}
+    for key, fn in variants.items():
+        for _ in range(warmup_iterations):
+            fn()
+        one_call_ms, _ = _time_loop(fn, 1, device)
+        timings[key] = LoopTiming(iterations=max(1, math.ceil(target_loop_s * 1e3 / one_call_ms)))
+    for _ in range(repeats):
+        for key, fn in variants.items():
+            wall_ms, device_ms = _time_loop(fn, timings[key].iterations, device)
+            timings[key].wall_ms.append(wall_ms)
+            if device_ms is not None:
+                timings[key].device_ms.append(device_ms)
+    return timings
+
+
+def measure_copy_bandwidth(device: torch.device, repeats: int, target_loop_s: float) -> dict[str, float]:
+    """Rate of ``dst.copy_(src)`` on one large fp32 tensor, counting bytes read plus bytes written.
+
+    The buffers (1 GiB on a GPU, 64 MiB on the CPU) are far larger than any cache, so this is the memory ceiling that
+    the bandwidth floors of the benchmarks are computed against. Device time on a GPU, wall time on the CPU.
+    """
+    numel = (256 if device.type == "cuda" else 16) * 2**20
+    copy_ms = _time_copy(numel, device, repeats, target_loop_s)
+    free_device_memory(device)
+    bytes_moved = 2 * numel * 4
+    return {"gbs": bytes_moved / (copy_ms * 1e-3) / 1e9, "bytes_per_copy": bytes_moved, "ms_per_copy": copy_ms}
+
+
+def _time_copy(numel: int, device: torch.device, repeats: int, target_loop_s: float) -> float:
+    source = torch.randn(numel, device=device)
+    destination = torch.empty_like(source)
+    timing = time_interleaved({"copy": lambda: destination.copy_(source)}, device, repeats, target_loop_s)["copy"]
+    return timing.median_device_ms or timing.median_wall_ms
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment_info(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device_type": device.type,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _package_version("triton"),
+        "cuda": torch.version.cuda,
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        info.update(
+            device_name=properties.name,
+            compute_capability=f"{properties.major}.{properties.minor}",
+            multiprocessors=properties.multi_processor_count,
+            memory_gib=round(properties.total_memory / 2**30, 1),
+        )
+    else:
+        info["device_name"] = info["cpu_model"]
+    return info
+
+
+def device_slug(environment: dict[str, Any]) -> str:
+    """File-name form of the device: ``nvidia-h200`` for "NVIDIA H200", ``cpu`` for any CPU."""
+    if environment["device_type"] == "cpu":
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", environment["device_name"].lower()).strip("-")
+
+
+def describe_environment(environment: dict[str, Any]) -> str:
+    """One line naming the device and the versions, for table headers and plot titles."""
+    if environment["device_type"] == "cuda":
+        device = (
+            f"{environment['device_name']} (sm {environment['compute_capability']}, "
+            f"{environment['multiprocessors']} SMs)"
+        )
+    else:
+        device = f"CPU {environment['cpu_model']} ({environment['torch_threads']} threads)"
+    versions = f"torch {environment['torch']} | triton {environment['triton']} | CUDA {environment['cuda']}"
+    return f"{device} | {versions} | {environment['date'][:10]}"
+
+
+def save_json(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def format_table(headers: list[str], rows: list[list[str]], align: str) -> str:
+    """Plain-text table; ``align`` has one letter per column, ``l`` or ``r``."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
+
+    def line(cells: list[str]) -> str:
+        padded = (cell.ljust(w) if a == "l" else cell.rjust(w) for cell, w, a in zip(cells, widths, align))
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)])
+
+
+def plot_grouped_bars(
+    path: Path,
+    title: str,
+    panels: dict[str, tuple[list[str], dict[str, list[float | None]]]],
+    ylabel: str,
+) -> bool:
+    """One panel per key of ``panels``: groups along x, one bar per series (``None``: no bar), log-scale y.
+
+    Returns False, after saying so, when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        print(f"matplotlib is not installed: {path.name} not drawn")
+        return False
+
+    columns, rows = min(2, len(panels)), math.ceil(len(panels) / 2)
+    figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.5 * rows))
+    axes = [axes] if len(panels) == 1 else list(axes.flat)
+    for axis, (panel_title, (groups, series)) in zip(axes, panels.items()):
+        bar_width = 0.8 / len(series)
+        for index, (label, values) in enumerate(series.items()):
+            offset = (index - (len(series) - 1) / 2) * bar_width
+            bars = [(group + offset, value) for group, value in enumerate(values) if value is not None]
+            drawn = axis.bar(
+                [x for x, _ in bars], [value for _, value in bars], bar_width, label=label, color=f"C{index}"
+            )
+            axis.bar_label(drawn, fmt="%.3g", fontsize=7)
+        axis.set_xticks(range(len(groups)), groups, fontsize=9)
+        axis.set_yscale("log")
+        axis.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        axis.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axis.set_ylabel(ylabel)
+        axis.set_title(panel_title, fontsize=10)
+        axis.grid(axis="y", which="both", alpha=0.3)
+    for unused_axis in axes[len(panels) :]:
+        unused_axis.set_visible(False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    legend_lines = 1 if columns > 1 else len(labels)  # one panel is too narrow for the labels side by side
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels) // legend_lines, fontsize=9)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout(rect=(0, (0.25 + 0.2 * legend_lines) / (4.5 * rows), 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
