@@ -1,0 +1,253 @@
+"""The multi-tensor ops (``ampkernels.ops``) on every backend against ``ampkernels.reference``.
+
+The ``device`` argument is parametrized by conftest.py (cpu, and cuda when present).
+
+Backends: ``native`` (CPU C++ on CPU tensors, CUDA C++ on CUDA tensors), ``triton`` (CUDA, or the interpreter on
+CPU), ``torch`` (the reference itself, checked against hand-written expectations).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ampkernels import _backend, ops, reference
+
+BACKENDS = ["native", "triton", "torch"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Chunk sizes of the native (16384) and Triton (65536) tables: just below, at and above each.
+CHUNK_EDGES = [16383, 16384, 16385, 65535, 65536, 65537]
+
+
+def _skip_unless_runs(backend: str, device: str) -> None:
+    reason = _backend.why_not(backend, torch.device(device))
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _random_tensors(sizes, dtypes, device, scale=64.0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i, n in enumerate(sizes):
+        dt = dtypes[i % len(dtypes)]
+        out.append((torch.randn(n, generator=gen) * scale).to(dt).to(device))
+    return out
+
+
+def _scalar(value, device):
+    return torch.full((1,), value, dtype=torch.float32, device=device)
+
+
+def _assert_close_to_reference(got, want, dtype, device):
+    """Unscaled values: bitwise, except bf16 under the Triton interpreter (its casts truncate: within 1 ulp)."""
+    if dtype == torch.bfloat16 and device == "cpu" and _backend.triton_interpreting():
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)
+    else:
+        assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [65536.0, 3.0])  # a power of two, and one whose reciprocal rounds
+def test_unscale_matches_reference_bitwise(device, backend, scale):
+    _skip_unless_runs(backend, device)
+    sizes = [1, 7, 1000] + CHUNK_EDGES[:3] + ([65537] if backend != "torch" else [])
+    tensors = _random_tensors(sizes, DTYPES, device)
+    expected = [t.clone() for t in tensors]
+    found, found_ref = _scalar(0.0, device), _scalar(0.0, device)
+    res = ops.unscale_reduce_(tensors, _scalar(scale, device), found, norm_type=2.0, per_tensor=True,
+                              backend=backend)
+    ref_norm, ref_each = reference.unscale_reduce_(expected, _scalar(scale, device), found_ref, norm_type=2.0,
+                                                   per_tensor=True)
+    for got, want in zip(tensors, expected):
+        _assert_close_to_reference(got, want, got.dtype, device)
+    assert found.item() == 0.0
+    torch.testing.assert_close(res.norm, ref_norm, rtol=1e-5, atol=0)
+    torch.testing.assert_close(res.per_tensor_norms, ref_each, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_non_finite_found_anywhere(device, backend, where, bad):
+    _skip_unless_runs(backend, device)
+    tensors = _random_tensors([300, 16385, 5, 40000], DTYPES, device, seed=1)
+    t, idx = {"first": (0, 0), "middle": (1, 16384), "last": (3, 39999)}[where]
+    tensors[t][idx] = bad
+    before = [x.clone() for x in tensors]
+    found = _scalar(0.0, device)
+    ops.unscale_reduce_(tensors, _scalar(4.0, device), found, write=False, backend=backend)
+    assert found.item() == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(tensors, before) if a.isfinite().all())  # read-only
+    found_again = _scalar(0.0, device)
+    ops.unscale_reduce_(tensors, _scalar(4.0, device), found_again, backend=backend)
+    assert found_again.item() == 1.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_found_inf_is_never_cleared(device, backend):
+    _skip_unless_runs(backend, device)
+    found = _scalar(1.0, device)
+    ops.unscale_reduce_(_random_tensors([100], DTYPES, device), _scalar(2.0, device), found, backend=backend)
+    assert found.item() == 1.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_read_only_pass_leaves_tensors_bitwise_unchanged(device, backend):
+    _skip_unless_runs(backend, device)
+    tensors = _random_tensors([5000, 16384, 3], DTYPES, device, seed=2)
+    before = [t.clone() for t in tensors]
+    found = _scalar(0.0, device)
+    res = ops.check_and_norm(tensors, _scalar(1024.0, device), found, backend=backend)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, before))
+    ref_norm, _ = reference.unscale_reduce_(before, _scalar(1024.0, device), _scalar(0.0, device), write=False,
+                                            norm_type=2.0)
+    torch.testing.assert_close(res.norm, ref_norm, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inf_norm_factor_and_clip_coefficient(device, backend):
+    _skip_unless_runs(backend, device)
+    tensors = _random_tensors([777, 20000], [torch.float32, torch.float16], device, seed=3)
+    expected = [t.clone() for t in tensors]
+    factor = _scalar(0.25, device)
+    res = ops.unscale_reduce_(tensors, _scalar(8.0, device), _scalar(0.0, device), factor=factor,
+                              norm_type=math.inf, per_tensor=True, max_norm=1.0, backend=backend)
+    ref_norm, ref_each = reference.unscale_reduce_(expected, _scalar(8.0, device), _scalar(0.0, device),
+                                                   factor=factor, norm_type=math.inf, per_tensor=True)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, expected))
+    torch.testing.assert_close(res.norm, ref_norm)
+    torch.testing.assert_close(res.per_tensor_norms, ref_each)
+    torch.testing.assert_close(res.clip_coef, reference.clip_coef(ref_norm, 1.0))
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_many_tensors_and_float64(device, backend):
+    _skip_unless_runs(backend, device)
+    n = 3000 if device == "cpu" else 10000  # past the stock launch table (~110 tensors), and past one chunk table
+    tensors = _random_tensors([int(s) for s in torch.randint(0, 300, (n,))], DTYPES + [torch.float64], device, seed=4)
+    tensors[-1].view(-1)[-1:] = math.nan if tensors[-1].numel() else 0.0
+    expected = [t.clone() for t in tensors]
+    found, found_ref = _scalar(0.0, device), _scalar(0.0, device)
+    res = ops.unscale_reduce_(tensors, _scalar(512.0, device), found, norm_type=2.0, backend=backend)
+    reference.unscale_reduce_(expected, _scalar(512.0, device), found_ref, norm_type=2.0)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, expected) if a.isfinite().all())
+    assert found.item() == found_ref.item()
+    assert res.norm is not None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_list_and_zero_size_tensors(device, backend):
+    _skip_unless_runs(backend, device)
+    found = _scalar(0.0, device)
+    res = ops.unscale_reduce_([], _scalar(2.0, device), found, norm_type=2.0, per_tensor=True, backend=backend)
+    assert res.norm.item() == 0.0 and res.per_tensor_norms.numel() == 0 and found.item() == 0.0
+    tensors = [torch.empty(0, device=device), torch.full((3,), 4.0, device=device)]
+    res = ops.unscale_reduce_(tensors, _scalar(2.0, device), found, norm_type=2.0, per_tensor=True, backend=backend)
+    assert res.per_tensor_norms.tolist() == [0.0, pytest.approx(math.sqrt(12.0), rel=1e-6)]
+    assert tensors[1].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_non_dense_views_are_staged_and_written_back(device):
+    _skip_unless_runs("native", device)
+    base = torch.randn(64, 64, device=device) * 10
+    view = base[:, ::2]  # not dense: every other column
+    expected = base.clone()
+    expected[:, ::2] = expected[:, ::2] / 4
+    found = _scalar(0.0, device)
+    res = ops.unscale_reduce_([view], _scalar(4.0, device), found, norm_type=2.0, backend="native")
+    assert torch.equal(base, expected)
+    torch.testing.assert_close(res.norm, (expected[:, ::2].double().norm()).float(), rtol=1e-5, atol=0)
+
+
+def test_bad_input_names_the_argument(device):
+    _skip_unless_runs("native", device)
+    t = [torch.randn(10, device=device)]
+    with pytest.raises((RuntimeError, ValueError), match="scale"):
+        ops.unscale_reduce_(t, torch.ones(2, device=device), _scalar(0.0, device), backend="native")
+    with pytest.raises((RuntimeError, ValueError), match="found_inf"):
+        ops.unscale_reduce_(t, _scalar(1.0, device), torch.zeros(1, dtype=torch.float64, device=device),
+                            backend="native")
+    with pytest.raises(RuntimeError, match="dtype"):
+        ops.unscale_reduce_([torch.randn(4, dtype=torch.complex64, device=device)], _scalar(1.0, device),
+                            _scalar(0.0, device), backend="native")
+    with pytest.raises(RuntimeError, match="dtype"):
+        ops.unscale_reduce_([torch.arange(4, device=device)], _scalar(1.0, device), _scalar(0.0, device),
+                            backend="native")
+    with pytest.raises(ValueError, match="norm_type"):
+        ops.unscale_reduce_(t, _scalar(1.0, device), _scalar(0.0, device), norm_type=1.0, backend="native")
+
+
+def test_list_op_table_cache_survives_reuse_and_sees_new_tensors():
+    _skip_unless_runs("native", "cpu")
+    tensors = [torch.full((100,), 8.0), torch.full((50,), 8.0)]
+    found = _scalar(0.0, "cpu")
+    ops.unscale_reduce_(tensors, _scalar(2.0, "cpu"), found, backend="native")
+    ops.unscale_reduce_(tensors, _scalar(2.0, "cpu"), found, backend="native")  # cached table
+    assert tensors[0][0].item() == 2.0
+    other = [torch.full((100,), 8.0), torch.full((51,), 8.0)]  # new storage: a new table
+    ops.unscale_reduce_(other, _scalar(2.0, "cpu"), found, backend="native")
+    assert other[1].tolist() == [4.0] * 51 and tensors[0][0].item() == 2.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("hysteresis", [1, 2])
+def test_update_scale_follows_reference(device, backend, hysteresis):
+    _skip_unless_runs(backend, device)
+    gen = torch.Generator().manual_seed(5)
+    flags = (torch.rand(40, generator=gen) < 0.3).tolist()
+    state = {}
+    for impl in ("ops", "reference"):
+        scale = _scalar(2.0**10, device)
+        tracker = torch.zeros(1, dtype=torch.int32, device=device)
+        hyst = torch.full((1,), hysteresis, dtype=torch.int32, device=device)
+        counters = torch.zeros(2, dtype=torch.int64, device=device)
+        history = torch.zeros(16, dtype=torch.float32, device=device)
+        scales = []
+        for f in flags:
+            kwargs = dict(hysteresis=hysteresis, hysteresis_tracker=hyst, min_scale=2.0**8, max_scale=2.0**12,
+                          history=history, counters=counters)
+            args = (scale, tracker, _scalar(float(f), device), 2.0, 0.5, 3)
+            if impl == "ops":
+                ops.update_scale_(*args, backend=backend, **kwargs)
+            else:
+                reference.update_scale_(*args, **kwargs)
+            scales.append(scale.item())
+        state[impl] = (scales, tracker.item(), hyst.item(), counters.tolist(), history.tolist())
+    assert state["ops"] == state["reference"]
+    scales = state["ops"][0]
+    assert min(scales) >= 2.0**8 and max(scales) <= 2.0**12
+    assert state["ops"][3] == [len(flags), sum(flags)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_update_scale_defaults_equal_torch_amp_update_scale(device, backend):
+    _skip_unless_runs(backend, device)
+    gen = torch.Generator().manual_seed(6)
+    flags = (torch.rand(60, generator=gen) < 0.2).tolist()
+    ours = (_scalar(3.0 * 2**15, device), torch.zeros(1, dtype=torch.int32, device=device))
+    stock = (_scalar(3.0 * 2**15, device), torch.zeros(1, dtype=torch.int32, device=device))
+    for f in flags:
+        ops.update_scale_(*ours, _scalar(float(f), device), 2.0, 0.5, 4, backend=backend)
+        torch._amp_update_scale_(*stock, _scalar(float(f), device), 2.0, 0.5, 4)
+        assert ours[0].item() == stock[0].item() and ours[1].item() == stock[1].item()
+
+
+def test_scale_floor_replaces_underflow_to_zero():
+    scale, tracker = _scalar(2.0**-125, "cpu"), torch.zeros(1, dtype=torch.int32)
+    for _ in range(5):
+        ops.update_scale_(scale, tracker, _scalar(1.0, "cpu"), 2.0, 0.5, 10)
+    assert scale.item() == reference.FLOAT32_TINY
+
+
+@pytest.mark.skipif(_backend.native() is None, reason="native extension not built")
+def test_opcheck_native_ops():
+    tensors = [torch.randn(30) * 8, torch.randn(7).half()]
+    args = (tensors, _scalar(2.0, "cpu"), _scalar(0.0, "cpu"), None, True, 2.0, True, 1.0)
+    torch.library.opcheck(torch.ops.ampkernels.unscale_reduce_.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    uargs = (_scalar(4.0, "cpu"), torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+             _scalar(0.0, "cpu"), 2.0, 0.5, 3, 1, 1e-30, math.inf, None, None)
+    torch.library.opcheck(torch.ops.ampkernels.update_scale_.default, uargs,
+                          test_utils=("test_schema", "test_faketensor"))
