@@ -93,11 +93,17 @@ def unscale_reduce_(
             coef if has_norm and max_norm is not None else None,
         )
     if name == "triton":
+        # The Triton kernels walk flat memory: stage non-contiguous views through a contiguous copy.
+        staged = {i: t.contiguous() for i, t in enumerate(tensors) if not t.is_contiguous()}
+        flat = [staged.get(i, t) for i, t in enumerate(tensors)]
         coef = torch.empty((), dtype=torch.float32, device=device) if max_norm is not None else None
         norm, each = _backend.triton_module().unscale_reduce_(
-            tensors, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor,
+            flat, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor,
             max_norm=max_norm, coef_out=coef,
         )
+        if write:
+            for i, copy in staged.items():
+                tensors[i].copy_(copy)
         return UnscaleResult(norm, each, coef)
     for i, t in enumerate(tensors):
         if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):

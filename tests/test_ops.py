@@ -149,14 +149,15 @@ def test_empty_list_and_zero_size_tensors(device, backend):
     assert tensors[1].tolist() == [2.0, 2.0, 2.0]
 
 
-def test_non_dense_views_are_staged_and_written_back(device):
-    _skip_unless_runs("native", device)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_dense_views_are_staged_and_written_back(device, backend):
+    _skip_unless_runs(backend, device)
     base = torch.randn(64, 64, device=device) * 10
     view = base[:, ::2]  # not dense: every other column
     expected = base.clone()
     expected[:, ::2] = expected[:, ::2] / 4
     found = _scalar(0.0, device)
-    res = ops.unscale_reduce_([view], _scalar(4.0, device), found, norm_type=2.0, backend="native")
+    res = ops.unscale_reduce_([view], _scalar(4.0, device), found, norm_type=2.0, backend=backend)
     assert torch.equal(base, expected)
     torch.testing.assert_close(res.norm, (expected[:, ::2].double().norm()).float(), rtol=1e-5, atol=0)
 
