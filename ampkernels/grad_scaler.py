@@ -69,6 +69,16 @@ class _TorchGradTable:
         return res.norm, each, res.clip_coef
 
 
+def _same_params(groups: list, flat: tuple) -> bool:
+    """Whether the optimizer's parameter lists still hold exactly the objects ``flat`` (identity, in order)."""
+    native = _backend.native()
+    if native is not None:
+        return native.same_params(groups, flat)
+    return sum(len(g) for g in groups) == len(flat) and all(
+        a is b for a, b in zip((p for g in groups for p in g), flat)
+    )
+
+
 def _check_grad_dtype(index: int, grad: torch.Tensor) -> None:
     if grad.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise ValueError(
@@ -146,7 +156,7 @@ class FusedGradScaler(GradScaler):
         self._counters: Optional[torch.Tensor] = None
         self._history: Optional[torch.Tensor] = None
         self._last_grad_norm: Optional[torch.Tensor] = None
-        # optimizer -> (structure key, [(device, table)]); weak so a dropped optimizer frees its table
+        # optimizer -> (its parameters, [(device, table, params)]); weak so a dropped optimizer frees its tables
         self._grad_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # ---- lazily created device state ----
@@ -161,16 +171,16 @@ class FusedGradScaler(GradScaler):
     def _tables(self, optimizer: torch.optim.Optimizer) -> list:
         """The launch tables of ``optimizer``'s gradients, one per device; rebuilt only when its parameter groups
         change (the tables themselves re-validate the gradients every call, in C++ for the native backend)."""
-        key = tuple((id(g["params"]), len(g["params"])) for g in optimizer.param_groups)
+        groups = [g["params"] for g in optimizer.param_groups]
         cached = self._grad_tables.get(optimizer)
-        if cached is not None and cached[0] == key:
+        if cached is not None and _same_params(groups, cached[0]):
             return cached[1]
+        flat = tuple(p for params in groups for p in params)
         by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if not isinstance(p, torch.Tensor):
-                    raise TypeError(f"expected param to be torch.Tensor, got {type(p).__name__}")
-                by_device[p.device].append(p)
+        for p in flat:
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"expected param to be torch.Tensor, got {type(p).__name__}")
+            by_device[p.device].append(p)
         tables = []
         for device, params in by_device.items():
             name = _backend.select(device, self._backend)
@@ -179,7 +189,7 @@ class FusedGradScaler(GradScaler):
             else:
                 table = _TorchGradTable(params, device, name)
             tables.append((device, table, params))
-        self._grad_tables[optimizer] = (key, tables)
+        self._grad_tables[optimizer] = (flat, tables)
         return tables
 
     # ---- the fused pass ----
