@@ -11,14 +11,13 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from typing import Optional
 
 import torch
 
 BACKENDS = ("native", "triton", "torch")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_native():
     try:
         return importlib.import_module("ampkernels._C"), None
@@ -34,7 +33,7 @@ def native():
     return _load_native()[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_triton():
     try:
         import triton  # noqa: F401
@@ -55,7 +54,7 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def why_not(backend: str, device: torch.device) -> Optional[str]:
+def why_not(backend: str, device: torch.device) -> str | None:
     """``None`` when ``backend`` can run on ``device``, else the reason it cannot."""
     device = torch.device(device)
     if backend == "native":
@@ -79,7 +78,7 @@ def why_not(backend: str, device: torch.device) -> Optional[str]:
     raise ValueError(f"ampkernels: argument 'backend': expected one of {BACKENDS}, got {backend!r}")
 
 
-def select(device: torch.device, requested: Optional[str] = None) -> str:
+def select(device: torch.device, requested: str | None = None) -> str:
     """The backend to run on ``device``: ``requested`` (error if it cannot run), else the env override, else the
     first that can run. On CPU, Triton is chosen only when requested (the interpreter is for testing)."""
     device = torch.device(device)

@@ -17,7 +17,7 @@ import inspect
 import math
 import weakref
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.amp.grad_scaler import GradScaler, OptState, _refresh_per_optimizer_state
@@ -59,8 +59,15 @@ class _TorchGradTable:
             grads.append(g)
             index.append(i)
         res = ops.unscale_reduce_(
-            grads, scale, found_inf, factor=factor, write=write, norm_type=norm_type or None,
-            per_tensor=per_tensor, max_norm=None if max_norm < 0 else max_norm, backend=self.backend,
+            grads,
+            scale,
+            found_inf,
+            factor=factor,
+            write=write,
+            norm_type=norm_type or None,
+            per_tensor=per_tensor,
+            max_norm=None if max_norm < 0 else max_norm,
+            backend=self.backend,
         )
         each = res.per_tensor_norms
         if each is not None:  # per parameter, 0 for parameters without a gradient
@@ -124,11 +131,11 @@ class FusedGradScaler(GradScaler):
         enabled: bool = True,
         *,
         hysteresis: int = 1,
-        min_scale: Optional[float] = None,
-        max_scale: Optional[float] = None,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
         telemetry: bool = False,
         history_size: int = 1024,
-        backend: Optional[str] = None,
+        backend: str | None = None,
     ) -> None:
         if not (isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale > 0):
             raise ValueError(f"FusedGradScaler: init_scale must be a finite number > 0, got {init_scale!r}")
@@ -152,10 +159,10 @@ class FusedGradScaler(GradScaler):
         self._history_size = int(history_size)
         self._backend = backend
         self._init_hysteresis_tracker = hysteresis
-        self._hysteresis_tracker: Optional[torch.Tensor] = None
-        self._counters: Optional[torch.Tensor] = None
-        self._history: Optional[torch.Tensor] = None
-        self._last_grad_norm: Optional[torch.Tensor] = None
+        self._hysteresis_tracker: torch.Tensor | None = None
+        self._counters: torch.Tensor | None = None
+        self._history: torch.Tensor | None = None
+        self._last_grad_norm: torch.Tensor | None = None
         # optimizer -> (its parameters, [(device, table, params)]); weak so a dropped optimizer frees its tables
         self._grad_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -203,8 +210,8 @@ class FusedGradScaler(GradScaler):
         optimizer: torch.optim.Optimizer,
         *,
         write: bool,
-        scale: Optional[torch.Tensor] = None,
-        factor: Optional[torch.Tensor] = None,
+        scale: torch.Tensor | None = None,
+        factor: torch.Tensor | None = None,
         norm_type: float = 0.0,
         max_norm: float = -1.0,
     ):
@@ -358,7 +365,7 @@ class FusedGradScaler(GradScaler):
             norm = torch.stack([n.to(dev) for _, n, _ in results]).max()
         return norm, reference.clip_coef(norm, max_norm)
 
-    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[float]:
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> float | None:
         """As :meth:`torch.amp.GradScaler.step`: unscale if needed, then step unless a gradient was inf/NaN.
 
         With optimizers that take the scale themselves (``_step_supports_amp_scaling``) the check is a read-only
@@ -410,7 +417,7 @@ class FusedGradScaler(GradScaler):
         state["stage"] = OptState.STEPPED
         return retval
 
-    def update(self, new_scale: Optional[float | torch.Tensor] = None) -> None:
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """As :meth:`torch.amp.GradScaler.update`, on one device kernel (plus hysteresis, bounds, telemetry)."""
         if not self._enabled:
             return
@@ -429,11 +436,19 @@ class FusedGradScaler(GradScaler):
             raise AssertionError("No inf checks were recorded prior to update.")
         found_inf = found_infs[0] if len(found_infs) == 1 else torch.stack(found_infs).sum()
         ops.update_scale_(
-            _scale, _growth_tracker, found_inf, self._growth_factor, self._backoff_factor, self._growth_interval,
-            hysteresis=self._hysteresis, hysteresis_tracker=self._hysteresis_tracker,
+            _scale,
+            _growth_tracker,
+            found_inf,
+            self._growth_factor,
+            self._backoff_factor,
+            self._growth_interval,
+            hysteresis=self._hysteresis,
+            hysteresis_tracker=self._hysteresis_tracker,
             min_scale=reference.FLOAT32_TINY if self._min_scale is None else self._min_scale,
             max_scale=math.inf if self._max_scale is None else self._max_scale,
-            history=self._history, counters=self._counters, backend=self._backend,
+            history=self._history,
+            counters=self._counters,
+            backend=self._backend,
         )
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
@@ -489,8 +504,7 @@ class FusedGradScaler(GradScaler):
             raise TypeError(f"FusedGradScaler.load_state_dict: expected a dict, got {type(state_dict).__name__}")
         if len(state_dict) == 0:
             raise RuntimeError(
-                "The source state dict is empty, possibly because it was saved "
-                "from a disabled instance of GradScaler."
+                "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
             )
         for key, types in self._STATE_TYPES.items():
             if key not in state_dict:

@@ -19,7 +19,9 @@ def report() -> str:
     try:
         import triton
 
-        lines.append(f"triton {triton.__version__}" + (" (TRITON_INTERPRET=1)" if _backend.triton_interpreting() else ""))
+        lines.append(
+            f"triton {triton.__version__}" + (" (TRITON_INTERPRET=1)" if _backend.triton_interpreting() else "")
+        )
     except ImportError:
         lines.append("triton: not installed")
     lines.append(f"torch CUDA runtime: {torch.version.cuda or 'none (CPU build of torch)'}")
@@ -34,8 +36,10 @@ def report() -> str:
         for i in range(torch.cuda.device_count()):
             cap = torch.cuda.get_device_capability(i)
             dtypes = [name for name, need in _TENSOR_CORE_DTYPES if cap >= need] or ["none"]
-            lines.append(f"GPU {i}: {torch.cuda.get_device_name(i)}, compute capability {cap[0]}.{cap[1]}, "
-                         f"Tensor Core dtypes: {', '.join(dtypes)}")
+            lines.append(
+                f"GPU {i}: {torch.cuda.get_device_name(i)}, compute capability {cap[0]}.{cap[1]}, "
+                f"Tensor Core dtypes: {', '.join(dtypes)}"
+            )
         devices.append(torch.device("cuda"))
     else:
         lines.append("GPU: none visible to torch")

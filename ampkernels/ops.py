@@ -8,7 +8,8 @@ registered with ``torch.library`` (schemas in ``csrc/ops.cpp``) with fake implem
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -18,12 +19,12 @@ from ampkernels import _backend, reference
 class UnscaleResult(NamedTuple):
     """What :func:`unscale_reduce_` computed; fields not requested are ``None``."""
 
-    norm: Optional[torch.Tensor]  # 0-d float32: the norm of all unscaled values
-    per_tensor_norms: Optional[torch.Tensor]  # [len(tensors)] float32
-    clip_coef: Optional[torch.Tensor]  # 0-d float32: min(max_norm / (norm + 1e-6), 1)
+    norm: torch.Tensor | None  # 0-d float32: the norm of all unscaled values
+    per_tensor_norms: torch.Tensor | None  # [len(tensors)] float32
+    clip_coef: torch.Tensor | None  # 0-d float32: min(max_norm / (norm + 1e-6), 1)
 
 
-def _norm_code(norm_type: Optional[float]) -> float:
+def _norm_code(norm_type: float | None) -> float:
     if norm_type is None:
         return 0.0
     norm_type = float(norm_type)
@@ -36,7 +37,9 @@ def _check_scalar(t: torch.Tensor, name: str, device: torch.device) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"ampkernels: argument '{name}': expected a tensor, got {type(t).__name__}")
     if t.dtype != torch.float32 or t.numel() != 1:
-        raise ValueError(f"ampkernels: argument '{name}': expected a 1-element float32 tensor, got {t.dtype} {tuple(t.shape)}")
+        raise ValueError(
+            f"ampkernels: argument '{name}': expected a 1-element float32 tensor, got {t.dtype} {tuple(t.shape)}"
+        )
     if t.device != device:
         raise ValueError(f"ampkernels: argument '{name}': expected a tensor on {device}, got one on {t.device}")
 
@@ -46,12 +49,12 @@ def unscale_reduce_(
     scale: torch.Tensor,
     found_inf: torch.Tensor,
     *,
-    factor: Optional[torch.Tensor] = None,
+    factor: torch.Tensor | None = None,
     write: bool = True,
-    norm_type: Optional[float] = None,
+    norm_type: float | None = None,
     per_tensor: bool = False,
-    max_norm: Optional[float] = None,
-    backend: Optional[str] = None,
+    max_norm: float | None = None,
+    backend: str | None = None,
 ) -> UnscaleResult:
     """One fused pass over many tensors: unscale in place, flag non-finite values, and take norms.
 
@@ -98,8 +101,15 @@ def unscale_reduce_(
         flat = [staged.get(i, t) for i, t in enumerate(tensors)]
         coef = torch.empty((), dtype=torch.float32, device=device) if max_norm is not None else None
         norm, each = _backend.triton_module().unscale_reduce_(
-            flat, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor,
-            max_norm=max_norm, coef_out=coef,
+            flat,
+            scale,
+            found_inf,
+            factor=factor,
+            write=write,
+            norm_type=norm_type,
+            per_tensor=per_tensor,
+            max_norm=max_norm,
+            coef_out=coef,
         )
         if write:
             for i, copy in staged.items():
@@ -107,8 +117,10 @@ def unscale_reduce_(
         return UnscaleResult(norm, each, coef)
     for i, t in enumerate(tensors):
         if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-            raise ValueError(f"ampkernels: argument 'tensors': element {i} has dtype {t.dtype}; "
-                             "supported: float32, float16, bfloat16, float64")
+            raise ValueError(
+                f"ampkernels: argument 'tensors': element {i} has dtype {t.dtype}; "
+                "supported: float32, float16, bfloat16, float64"
+            )
     norm, each = reference.unscale_reduce_(
         tensors, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor
     )
@@ -144,12 +156,12 @@ def update_scale_(
     growth_interval: int,
     *,
     hysteresis: int = 1,
-    hysteresis_tracker: Optional[torch.Tensor] = None,
+    hysteresis_tracker: torch.Tensor | None = None,
     min_scale: float = reference.FLOAT32_TINY,
     max_scale: float = math.inf,
-    history: Optional[torch.Tensor] = None,
-    counters: Optional[torch.Tensor] = None,
-    backend: Optional[str] = None,
+    history: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
+    backend: str | None = None,
 ) -> None:
     """Update the loss scale on the device; equals ``torch._amp_update_scale_`` with the default options.
 
@@ -173,14 +185,33 @@ def update_scale_(
         if tracker is None:  # hysteresis 1: the tracker's value never matters, only that one exists
             tracker = torch.ones(1, dtype=torch.int32, device=scale.device)
         torch.ops.ampkernels.update_scale_(
-            scale, growth_tracker, tracker, found_inf, float(growth_factor), float(backoff_factor),
-            int(growth_interval), int(hysteresis), float(min_scale), float(max_scale), counters, history,
+            scale,
+            growth_tracker,
+            tracker,
+            found_inf,
+            float(growth_factor),
+            float(backoff_factor),
+            int(growth_interval),
+            int(hysteresis),
+            float(min_scale),
+            float(max_scale),
+            counters,
+            history,
         )
         return
     impl = _backend.triton_module() if name == "triton" else reference
     impl.update_scale_(
-        scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval, hysteresis=hysteresis,
-        hysteresis_tracker=hysteresis_tracker, min_scale=min_scale, max_scale=max_scale, history=history,
+        scale,
+        growth_tracker,
+        found_inf,
+        growth_factor,
+        backoff_factor,
+        growth_interval,
+        hysteresis=hysteresis,
+        hysteresis_tracker=hysteresis_tracker,
+        min_scale=min_scale,
+        max_scale=max_scale,
+        history=history,
         counters=counters,
     )
 
@@ -201,8 +232,20 @@ def _register_fakes() -> None:
         return norm, each, coef
 
     @torch.library.register_fake("ampkernels::update_scale_")
-    def _(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor, backoff_factor, growth_interval,
-          hysteresis, min_scale, max_scale, counters, history):
+    def _(
+        scale,
+        growth_tracker,
+        hysteresis_tracker,
+        found_inf,
+        growth_factor,
+        backoff_factor,
+        growth_interval,
+        hysteresis,
+        min_scale,
+        max_scale,
+        counters,
+        history,
+    ):
         return None
 
 

@@ -8,7 +8,7 @@ extension nor Triton can run). Each function states the exact math the kernels i
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -26,9 +26,9 @@ def unscale_reduce_(
     scale: torch.Tensor,
     found_inf: torch.Tensor,
     *,
-    factor: Optional[torch.Tensor] = None,
+    factor: torch.Tensor | None = None,
     write: bool = True,
-    norm_type: Optional[float] = None,
+    norm_type: float | None = None,
     per_tensor: bool = False,
 ):
     """Reference for the fused multi-tensor pass (no host synchronization).
@@ -86,11 +86,11 @@ def update_scale_(
     growth_interval: int,
     *,
     hysteresis: int = 1,
-    hysteresis_tracker: Optional[torch.Tensor] = None,
+    hysteresis_tracker: torch.Tensor | None = None,
     min_scale: float = FLOAT32_TINY,
     max_scale: float = math.inf,
-    history: Optional[torch.Tensor] = None,
-    counters: Optional[torch.Tensor] = None,
+    history: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
 ) -> None:
     """Reference for the loss-scale update; equals ``torch._amp_update_scale_`` with the defaults.
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Union
 
 
-def plot_scale_history(source, path: Union[str, Path], *, title: str = "Loss scale") -> Path:
+def plot_scale_history(source, path: str | Path, *, title: str = "Loss scale") -> Path:
     """Write a PNG of the loss scale after each update (log scale), with skipped steps marked.
 
     Args:
@@ -35,8 +35,14 @@ def plot_scale_history(source, path: Union[str, Path], *, title: str = "Loss sca
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.step(steps, history, where="post", color="tab:blue", label="scale")
     if drops:
-        ax.scatter(drops, [history[s - first_step - 1] for s in drops], color="tab:red", s=12, zorder=3,
-                   label="overflow (step skipped)")
+        ax.scatter(
+            drops,
+            [history[s - first_step - 1] for s in drops],
+            color="tab:red",
+            s=12,
+            zorder=3,
+            label="overflow (step skipped)",
+        )
     ax.set_yscale("log", base=2)
     ax.set_xlabel("update")
     ax.set_ylabel("loss scale")

@@ -56,10 +56,10 @@ def test_unscale_matches_reference_bitwise(device, backend, scale):
     tensors = _random_tensors(sizes, DTYPES, device)
     expected = [t.clone() for t in tensors]
     found, found_ref = _scalar(0.0, device), _scalar(0.0, device)
-    res = ops.unscale_reduce_(tensors, _scalar(scale, device), found, norm_type=2.0, per_tensor=True,
-                              backend=backend)
-    ref_norm, ref_each = reference.unscale_reduce_(expected, _scalar(scale, device), found_ref, norm_type=2.0,
-                                                   per_tensor=True)
+    res = ops.unscale_reduce_(tensors, _scalar(scale, device), found, norm_type=2.0, per_tensor=True, backend=backend)
+    ref_norm, ref_each = reference.unscale_reduce_(
+        expected, _scalar(scale, device), found_ref, norm_type=2.0, per_tensor=True
+    )
     for got, want in zip(tensors, expected):
         _assert_close_to_reference(got, want, got.dtype, device)
     assert found.item() == 0.0
@@ -101,8 +101,9 @@ def test_read_only_pass_leaves_tensors_bitwise_unchanged(device, backend):
     found = _scalar(0.0, device)
     res = ops.check_and_norm(tensors, _scalar(1024.0, device), found, backend=backend)
     assert all(torch.equal(a, b) for a, b in zip(tensors, before))
-    ref_norm, _ = reference.unscale_reduce_(before, _scalar(1024.0, device), _scalar(0.0, device), write=False,
-                                            norm_type=2.0)
+    ref_norm, _ = reference.unscale_reduce_(
+        before, _scalar(1024.0, device), _scalar(0.0, device), write=False, norm_type=2.0
+    )
     torch.testing.assert_close(res.norm, ref_norm, rtol=1e-5, atol=0)
 
 
@@ -112,10 +113,19 @@ def test_inf_norm_factor_and_clip_coefficient(device, backend):
     tensors = _random_tensors([777, 20000], [torch.float32, torch.float16], device, seed=3)
     expected = [t.clone() for t in tensors]
     factor = _scalar(0.25, device)
-    res = ops.unscale_reduce_(tensors, _scalar(8.0, device), _scalar(0.0, device), factor=factor,
-                              norm_type=math.inf, per_tensor=True, max_norm=1.0, backend=backend)
-    ref_norm, ref_each = reference.unscale_reduce_(expected, _scalar(8.0, device), _scalar(0.0, device),
-                                                   factor=factor, norm_type=math.inf, per_tensor=True)
+    res = ops.unscale_reduce_(
+        tensors,
+        _scalar(8.0, device),
+        _scalar(0.0, device),
+        factor=factor,
+        norm_type=math.inf,
+        per_tensor=True,
+        max_norm=1.0,
+        backend=backend,
+    )
+    ref_norm, ref_each = reference.unscale_reduce_(
+        expected, _scalar(8.0, device), _scalar(0.0, device), factor=factor, norm_type=math.inf, per_tensor=True
+    )
     assert all(torch.equal(a, b) for a, b in zip(tensors, expected))
     torch.testing.assert_close(res.norm, ref_norm)
     torch.testing.assert_close(res.per_tensor_norms, ref_each)
@@ -168,14 +178,20 @@ def test_bad_input_names_the_argument(device):
     with pytest.raises((RuntimeError, ValueError), match="scale"):
         ops.unscale_reduce_(t, torch.ones(2, device=device), _scalar(0.0, device), backend="native")
     with pytest.raises((RuntimeError, ValueError), match="found_inf"):
-        ops.unscale_reduce_(t, _scalar(1.0, device), torch.zeros(1, dtype=torch.float64, device=device),
-                            backend="native")
+        ops.unscale_reduce_(
+            t, _scalar(1.0, device), torch.zeros(1, dtype=torch.float64, device=device), backend="native"
+        )
     with pytest.raises(RuntimeError, match="dtype"):
-        ops.unscale_reduce_([torch.randn(4, dtype=torch.complex64, device=device)], _scalar(1.0, device),
-                            _scalar(0.0, device), backend="native")
+        ops.unscale_reduce_(
+            [torch.randn(4, dtype=torch.complex64, device=device)],
+            _scalar(1.0, device),
+            _scalar(0.0, device),
+            backend="native",
+        )
     with pytest.raises(RuntimeError, match="dtype"):
-        ops.unscale_reduce_([torch.arange(4, device=device)], _scalar(1.0, device), _scalar(0.0, device),
-                            backend="native")
+        ops.unscale_reduce_(
+            [torch.arange(4, device=device)], _scalar(1.0, device), _scalar(0.0, device), backend="native"
+        )
     with pytest.raises(ValueError, match="norm_type"):
         ops.unscale_reduce_(t, _scalar(1.0, device), _scalar(0.0, device), norm_type=1.0, backend="native")
 
@@ -207,8 +223,14 @@ def test_update_scale_follows_reference(device, backend, hysteresis):
         history = torch.zeros(16, dtype=torch.float32, device=device)
         scales = []
         for f in flags:
-            kwargs = dict(hysteresis=hysteresis, hysteresis_tracker=hyst, min_scale=2.0**8, max_scale=2.0**12,
-                          history=history, counters=counters)
+            kwargs = dict(
+                hysteresis=hysteresis,
+                hysteresis_tracker=hyst,
+                min_scale=2.0**8,
+                max_scale=2.0**12,
+                history=history,
+                counters=counters,
+            )
             args = (scale, tracker, _scalar(float(f), device), 2.0, 0.5, 3)
             if impl == "ops":
                 ops.update_scale_(*args, backend=backend, **kwargs)
@@ -246,9 +268,23 @@ def test_scale_floor_replaces_underflow_to_zero():
 def test_opcheck_native_ops():
     tensors = [torch.randn(30) * 8, torch.randn(7).half()]
     args = (tensors, _scalar(2.0, "cpu"), _scalar(0.0, "cpu"), None, True, 2.0, True, 1.0)
-    torch.library.opcheck(torch.ops.ampkernels.unscale_reduce_.default, args,
-                          test_utils=("test_schema", "test_faketensor"))
-    uargs = (_scalar(4.0, "cpu"), torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
-             _scalar(0.0, "cpu"), 2.0, 0.5, 3, 1, 1e-30, math.inf, None, None)
-    torch.library.opcheck(torch.ops.ampkernels.update_scale_.default, uargs,
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.ampkernels.unscale_reduce_.default, args, test_utils=("test_schema", "test_faketensor")
+    )
+    uargs = (
+        _scalar(4.0, "cpu"),
+        torch.zeros(1, dtype=torch.int32),
+        torch.ones(1, dtype=torch.int32),
+        _scalar(0.0, "cpu"),
+        2.0,
+        0.5,
+        3,
+        1,
+        1e-30,
+        math.inf,
+        None,
+        None,
+    )
+    torch.library.opcheck(
+        torch.ops.ampkernels.update_scale_.default, uargs, test_utils=("test_schema", "test_faketensor")
+    )

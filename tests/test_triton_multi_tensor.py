@@ -100,8 +100,7 @@ def run_both(spec, scale_value, *, seed=0, data=None, found_start=0.0, **kw):
 
 @pytest.mark.parametrize("scale_value", [65536.0, 2.0**-10, 3000.7, 1.0])
 def test_unscale_values_and_l2_norms(scale_value):
-    ts, rs, found, rfound, (norm, per), (rnorm, rper) = run_both(
-        MIXED, scale_value, norm_type=2.0, per_tensor=True)
+    ts, rs, found, rfound, (norm, per), (rnorm, rper) = run_both(MIXED, scale_value, norm_type=2.0, per_tensor=True)
     for t, r in zip(ts, rs, strict=True):
         assert_same(t, r)
     assert found.item() == 0.0 and rfound.item() == 0.0
@@ -112,8 +111,7 @@ def test_unscale_values_and_l2_norms(scale_value):
 
 
 def test_inf_norm_per_tensor():
-    ts, rs, found, _, (norm, per), (rnorm, rper) = run_both(
-        MIXED, 1024.0, seed=1, norm_type=math.inf, per_tensor=True)
+    ts, rs, found, _, (norm, per), (rnorm, rper) = run_both(MIXED, 1024.0, seed=1, norm_type=math.inf, per_tensor=True)
     for t, r in zip(ts, rs, strict=True):
         assert_same(t, r)
     assert_norm_close(norm, rnorm)
@@ -126,7 +124,8 @@ def test_read_only_leaves_tensors_unchanged(norm_type):
     ts = make(MIXED, seed=2)
     before = clones(ts)
     _, _, found, _, (norm, per), (rnorm, rper) = run_both(
-        MIXED, 3000.7, data=ts, write=False, norm_type=norm_type, per_tensor=norm_type is not None)
+        MIXED, 3000.7, data=ts, write=False, norm_type=norm_type, per_tensor=norm_type is not None
+    )
     for t, b in zip(ts, before, strict=True):
         assert torch.equal(t, b)
     if norm_type is None:
@@ -141,7 +140,8 @@ def test_read_only_leaves_tensors_unchanged(norm_type):
 def test_factor(write):
     factor = scalar(0.37)
     ts, rs, _, _, (norm, per), (rnorm, rper) = run_both(
-        MIXED, 65536.0, seed=3, factor=factor, write=write, norm_type=2.0, per_tensor=True)
+        MIXED, 65536.0, seed=3, factor=factor, write=write, norm_type=2.0, per_tensor=True
+    )
     for t, r in zip(ts, rs, strict=True):
         assert_same(t, r)
     assert_norm_close(norm, rnorm)
@@ -153,7 +153,8 @@ def test_factor(write):
 def test_clip_coef(norm_type, max_norm):
     coef = torch.full((), math.nan, device=DEV)
     _, _, _, _, (norm, _), (rnorm, _) = run_both(
-        MIXED, 8.0, seed=4, norm_type=norm_type, max_norm=max_norm, coef_out=coef)
+        MIXED, 8.0, seed=4, norm_type=norm_type, max_norm=max_norm, coef_out=coef
+    )
     assert_norm_close(norm, rnorm)
     # Same float32 math as torch.nn.utils.clip_grad_norm_ given the kernel's own norm: bitwise.
     assert torch.equal(coef, reference.clip_coef(norm, max_norm))
@@ -177,7 +178,8 @@ def test_found_inf(value, where, norm_type):
     i, j = POSITIONS[where]
     ts[i].view(-1)[j] = value
     _, rs, found, rfound, (norm, per), (rnorm, rper) = run_both(
-        None, 1024.0, data=ts, norm_type=norm_type, per_tensor=True)
+        None, 1024.0, data=ts, norm_type=norm_type, per_tensor=True
+    )
     assert found.item() == 1.0 and rfound.item() == 1.0
     for t, r in zip(ts, rs, strict=True):
         assert_same(t, r)  # written like the reference, non-finite values included
@@ -212,7 +214,8 @@ def test_sizes(numel, dtype):
     if numel > CHUNK + 1 and dtype != F32 and INTERPRETED:
         pytest.skip("keeps the interpreter run short; float32 covers the size")
     ts, rs, found, _, (norm, per), (rnorm, rper) = run_both(
-        [((numel,), dtype)], 3000.7, seed=numel, norm_type=2.0, per_tensor=True)
+        [((numel,), dtype)], 3000.7, seed=numel, norm_type=2.0, per_tensor=True
+    )
     assert_same(ts[0], rs[0])
     assert_norm_close(norm, rnorm)
     assert_norm_close(per, rper)
@@ -251,8 +254,7 @@ def test_zero_size_only():
     ts = [torch.empty(0, device=DEV), torch.empty(0, 5, device=DEV, dtype=F16)]
     coef = torch.full((), math.nan, device=DEV)
     found = scalar(0.0)
-    norm, per = mt.unscale_reduce_(ts, scalar(2.0), found, norm_type=2.0, per_tensor=True, max_norm=1.0,
-                                   coef_out=coef)
+    norm, per = mt.unscale_reduce_(ts, scalar(2.0), found, norm_type=2.0, per_tensor=True, max_norm=1.0, coef_out=coef)
     assert norm.item() == 0.0 and per.tolist() == [0.0, 0.0] and found.item() == 0.0
     assert torch.equal(coef, reference.clip_coef(norm, 1.0))
 
@@ -267,16 +269,18 @@ def test_empty_list_launches_nothing(monkeypatch):
     found = scalar(0.0)
     assert mt.unscale_reduce_([], scalar(2.0), found) == (None, None)
     coef = torch.full((), math.nan, device=DEV)
-    norm, per = mt.unscale_reduce_([], scalar(2.0), found, norm_type=math.inf, per_tensor=True, max_norm=2.0,
-                                   coef_out=coef)
+    norm, per = mt.unscale_reduce_(
+        [], scalar(2.0), found, norm_type=math.inf, per_tensor=True, max_norm=2.0, coef_out=coef
+    )
     assert norm.item() == 0.0 and per.shape == (0,) and found.item() == 0.0
     assert coef.item() == 1.0
 
 
 def test_deterministic():
     ts = make(MIXED, seed=10)
-    results = [mt.unscale_reduce_(ts, scalar(1.0), scalar(0.0), write=False, norm_type=2.0, per_tensor=True)
-               for _ in range(2)]
+    results = [
+        mt.unscale_reduce_(ts, scalar(1.0), scalar(0.0), write=False, norm_type=2.0, per_tensor=True) for _ in range(2)
+    ]
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
@@ -304,8 +308,7 @@ def test_table_layout():
         assert order[t0:t1] == sorted(order[t0:t1])
         pos = t1
     assert pos == n
-    for view in (table.addrs, table.numels, table.chunk_tensor, table.chunk_start, table.first_chunk,
-                 table.out_index):
+    for view in (table.addrs, table.numels, table.chunk_tensor, table.chunk_start, table.first_chunk, table.out_index):
         assert view.dtype == torch.int64 and view.device.type == DEV
         assert view.untyped_storage().data_ptr() == table.buffer.untyped_storage().data_ptr()
 
@@ -361,12 +364,30 @@ def test_update_scale_sequence(hysteresis, factors):
     hit_min = hit_max = False
     for step, f in enumerate(found_seq):
         found = scalar(float(f))
-        mt.update_scale_(mine["scale"], mine["growth_tracker"], found, growth, backoff, 3, **kw,
-                         hysteresis_tracker=mine["hysteresis_tracker"], counters=mine["counters"],
-                         history=mine["history"])
-        reference.update_scale_(ref["scale"], ref["growth_tracker"], found, growth, backoff, 3, **kw,
-                                hysteresis_tracker=ref["hysteresis_tracker"], counters=ref["counters"],
-                                history=ref["history"])
+        mt.update_scale_(
+            mine["scale"],
+            mine["growth_tracker"],
+            found,
+            growth,
+            backoff,
+            3,
+            **kw,
+            hysteresis_tracker=mine["hysteresis_tracker"],
+            counters=mine["counters"],
+            history=mine["history"],
+        )
+        reference.update_scale_(
+            ref["scale"],
+            ref["growth_tracker"],
+            found,
+            growth,
+            backoff,
+            3,
+            **kw,
+            hysteresis_tracker=ref["hysteresis_tracker"],
+            counters=ref["counters"],
+            history=ref["history"],
+        )
         for key in mine:
             assert torch.equal(mine[key].nan_to_num(-1.0), ref[key].nan_to_num(-1.0)), (step, key)
         hit_min |= mine["scale"].item() == 1.0
@@ -401,8 +422,7 @@ def test_update_scale_edges():
     # Empty history with counters: counters still advance, nothing else written.
     st = _state(8.0)
     hist = torch.empty(0, device=DEV)
-    mt.update_scale_(st["scale"], st["growth_tracker"], scalar(1.0), 2.0, 0.5, 1, counters=st["counters"],
-                     history=hist)
+    mt.update_scale_(st["scale"], st["growth_tracker"], scalar(1.0), 2.0, 0.5, 1, counters=st["counters"], history=hist)
     assert st["counters"].tolist() == [1, 1]
 
 

@@ -58,8 +58,21 @@ def _nanmax_reduce(x):
 
 
 @triton.jit
-def _unscale_block(x, base, offs, bound, inv, fac, acc, bad, WRITE: tl.constexpr, NORM: tl.constexpr,
-                   HAS_FACTOR: tl.constexpr, IS_FP64: tl.constexpr, MASKED: tl.constexpr):
+def _unscale_block(
+    x,
+    base,
+    offs,
+    bound,
+    inv,
+    fac,
+    acc,
+    bad,
+    WRITE: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_FACTOR: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """One loaded block ``x`` from ``base + offs`` (int64 offsets; with MASKED only those < ``bound`` are real)."""
     # Non-finite check on the *input* value: |x| <= MAX is an ordered compare, false for NaN and inf. float64 tensors
     # are checked and unscaled in float64 (like torch and the reference), everything else in float32; the norm
@@ -89,10 +102,25 @@ def _unscale_block(x, base, offs, bound, inv, fac, acc, bad, WRITE: tl.constexpr
 
 
 @triton.jit(do_not_specialize=["c_begin", "c_end"])
-def _unscale_reduce_kernel(addrs, numels, chunk_tensor, chunk_start, partials, scale, factor, c_begin, c_end,
-                           DTYPE: tl.constexpr, IS_FP64: tl.constexpr, ALIGNED: tl.constexpr, WRITE: tl.constexpr,
-                           NORM: tl.constexpr, HAS_FACTOR: tl.constexpr, CHUNK_SIZE: tl.constexpr,
-                           HALF: tl.constexpr):
+def _unscale_reduce_kernel(
+    addrs,
+    numels,
+    chunk_tensor,
+    chunk_start,
+    partials,
+    scale,
+    factor,
+    c_begin,
+    c_end,
+    DTYPE: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    WRITE: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_FACTOR: tl.constexpr,
+    CHUNK_SIZE: tl.constexpr,
+    HALF: tl.constexpr,
+):
     """Chunks ``c_begin .. c_end-1`` (one dtype group); writes ``partials[c] = (flag, acc)``.
 
     Loop iterations cover ``2 * HALF`` elements.
@@ -144,8 +172,17 @@ def _unscale_reduce_kernel(addrs, numels, chunk_tensor, chunk_start, partials, s
 
 
 @triton.jit(do_not_specialize=["n_chunks"])
-def _finalize_kernel(partials, n_chunks, found_inf, norm_out, coef_out, max_norm, NORM: tl.constexpr,
-                     HAS_COEF: tl.constexpr, BLOCK: tl.constexpr):
+def _finalize_kernel(
+    partials,
+    n_chunks,
+    found_inf,
+    norm_out,
+    coef_out,
+    max_norm,
+    NORM: tl.constexpr,
+    HAS_COEF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Single program: flags -> found_inf, total norm -> norm_out, clip coefficient -> coef_out (fixed order)."""
     lanes = tl.arange(0, BLOCK)
     bad = tl.zeros([BLOCK], dtype=tl.float32)
@@ -199,9 +236,24 @@ def _per_tensor_norm_kernel(partials, first_chunk, out_index, per_out, NORM: tl.
 
 
 @triton.jit(do_not_specialize=["growth_bits", "backoff_bits", "growth_interval", "hysteresis", "history_len"])
-def _update_scale_kernel(scale, growth_tracker, found_inf, hysteresis_tracker, counters, history, growth_bits,
-                         backoff_bits, growth_interval, hysteresis, min_scale, max_scale, history_len,
-                         HAS_HYST: tl.constexpr, HAS_COUNTERS: tl.constexpr, HAS_HISTORY: tl.constexpr):
+def _update_scale_kernel(
+    scale,
+    growth_tracker,
+    found_inf,
+    hysteresis_tracker,
+    counters,
+    history,
+    growth_bits,
+    backoff_bits,
+    growth_interval,
+    hysteresis,
+    min_scale,
+    max_scale,
+    history_len,
+    HAS_HYST: tl.constexpr,
+    HAS_COUNTERS: tl.constexpr,
+    HAS_HISTORY: tl.constexpr,
+):
     """DESIGN.md kernel 3. ``*_bits`` are the float64 bit patterns of the factors (Triton float args are fp32)."""
     growth = growth_bits.to(tl.int64).to(tl.float64, bitcast=True)
     backoff = backoff_bits.to(tl.int64).to(tl.float64, bitcast=True)
@@ -333,7 +385,7 @@ class TensorTable:
         views = []
         off = 0
         for s, p in zip(segs, padded, strict=True):
-            views.append(self.buffer[off:off + s.numel()])
+            views.append(self.buffer[off : off + s.numel()])
             off += p.numel()
         self.addrs, self.numels, self.chunk_tensor, self.chunk_start, self.first_chunk, self.out_index = views
 
@@ -380,11 +432,15 @@ def _interpreted() -> bool:
 def _check_backend(device: torch.device, what: str) -> None:
     if _interpreted():
         if device.type != "cpu":
-            raise RuntimeError(f"{what} is on {device}, but TRITON_INTERPRET=1 runs the kernels on the host: "
-                               "use CPU tensors (or unset TRITON_INTERPRET before importing ampkernels)")
+            raise RuntimeError(
+                f"{what} is on {device}, but TRITON_INTERPRET=1 runs the kernels on the host: "
+                "use CPU tensors (or unset TRITON_INTERPRET before importing ampkernels)"
+            )
     elif device.type != "cuda":
-        raise RuntimeError(f"{what} is on {device}: the Triton kernels need a CUDA device "
-                           "(or TRITON_INTERPRET=1, set before importing ampkernels, for CPU tensors)")
+        raise RuntimeError(
+            f"{what} is on {device}: the Triton kernels need a CUDA device "
+            "(or TRITON_INTERPRET=1, set before importing ampkernels, for CPU tensors)"
+        )
 
 
 def _device_guard(device: torch.device):
@@ -421,16 +477,21 @@ def _check_tensor_list(tensors: Sequence[torch.Tensor], device: torch.device) ->
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
         if t.device != device:
-            raise ValueError(f"tensors[{i}] is on {t.device}, expected {device} (the device of tensors[0]); "
-                             "all tensors must share one device")
+            raise ValueError(
+                f"tensors[{i}] is on {t.device}, expected {device} (the device of tensors[0]); "
+                "all tensors must share one device"
+            )
         if t.dtype not in _TL_DTYPES:
-            raise TypeError(f"tensors[{i}] has unsupported dtype {t.dtype} "
-                            "(supported: float32, float16, bfloat16, float64)")
+            raise TypeError(
+                f"tensors[{i}] has unsupported dtype {t.dtype} (supported: float32, float16, bfloat16, float64)"
+            )
         if t.layout != torch.strided:
             raise TypeError(f"tensors[{i}] has layout {t.layout}; only strided tensors are supported")
         if not _is_non_overlapping_and_dense(t):
-            raise ValueError(f"tensors[{i}] is not non-overlapping and dense (shape {tuple(t.shape)}, stride "
-                             f"{t.stride()}); stage it through a contiguous buffer")
+            raise ValueError(
+                f"tensors[{i}] is not non-overlapping and dense (shape {tuple(t.shape)}, stride "
+                f"{t.stride()}); stage it through a contiguous buffer"
+            )
 
 
 def _norm_mode(norm_type) -> int:
@@ -513,8 +574,10 @@ def unscale_reduce_(
 
     table = get_table(tensors, device)
     if write and table.has_duplicates:
-        raise ValueError("tensors contains the same non-empty tensor twice: with write=True it would be unscaled twice "
-                         "(and raced on)")
+        raise ValueError(
+            "tensors contains the same non-empty tensor twice: with write=True it would be unscaled twice "
+            "(and raced on)"
+        )
 
     n_chunks = table.num_chunks
     partials = torch.empty((max(n_chunks, 1), 2), dtype=torch.float32, device=device)
@@ -527,20 +590,47 @@ def unscale_reduce_(
             if c_end == c_begin:
                 continue
             _unscale_reduce_kernel[(min(c_end - c_begin, cap),)](
-                table.addrs, table.numels, table.chunk_tensor, table.chunk_start, partials, scale,
-                factor if factor is not None else scale, c_begin, c_end,
-                DTYPE=_TL_DTYPES[dtype], IS_FP64=dtype == torch.float64, ALIGNED=aligned, WRITE=bool(write), NORM=mode,
-                HAS_FACTOR=factor is not None, CHUNK_SIZE=CHUNK, HALF=BLOCK // 2, num_warps=NUM_WARPS,
+                table.addrs,
+                table.numels,
+                table.chunk_tensor,
+                table.chunk_start,
+                partials,
+                scale,
+                factor if factor is not None else scale,
+                c_begin,
+                c_end,
+                DTYPE=_TL_DTYPES[dtype],
+                IS_FP64=dtype == torch.float64,
+                ALIGNED=aligned,
+                WRITE=bool(write),
+                NORM=mode,
+                HAS_FACTOR=factor is not None,
+                CHUNK_SIZE=CHUNK,
+                HALF=BLOCK // 2,
+                num_warps=NUM_WARPS,
             )
         if n_chunks or mode != _NORM_NONE:
             _finalize_kernel[(1,)](
-                partials, n_chunks, found_inf, norm if norm is not None else found_inf,
-                coef_out if coef_out is not None else found_inf, float(max_norm) if max_norm is not None else 0.0,
-                NORM=mode, HAS_COEF=max_norm is not None, BLOCK=_FINALIZE_BLOCK, num_warps=4,
+                partials,
+                n_chunks,
+                found_inf,
+                norm if norm is not None else found_inf,
+                coef_out if coef_out is not None else found_inf,
+                float(max_norm) if max_norm is not None else 0.0,
+                NORM=mode,
+                HAS_COEF=max_norm is not None,
+                BLOCK=_FINALIZE_BLOCK,
+                num_warps=4,
             )
         if per_tensor:
             _per_tensor_norm_kernel[(n,)](
-                partials, table.first_chunk, table.out_index, per, NORM=mode, BLOCK=_PER_TENSOR_BLOCK, num_warps=4,
+                partials,
+                table.first_chunk,
+                table.out_index,
+                per,
+                NORM=mode,
+                BLOCK=_PER_TENSOR_BLOCK,
+                num_warps=4,
             )
     return norm, per
 
@@ -591,8 +681,12 @@ def update_scale_(
             raise TypeError(f"{name} must be an int, got {type(val).__name__}")
         if not 1 <= val < 2**31:
             raise ValueError(f"{name} must be >= 1, got {val}")
-    for name, val in (("growth_factor", growth_factor), ("backoff_factor", backoff_factor),
-                      ("min_scale", min_scale), ("max_scale", max_scale)):
+    for name, val in (
+        ("growth_factor", growth_factor),
+        ("backoff_factor", backoff_factor),
+        ("min_scale", min_scale),
+        ("max_scale", max_scale),
+    ):
         if isinstance(val, bool) or not isinstance(val, (int, float)):
             raise TypeError(f"{name} must be a real number, got {type(val).__name__}")
     if hysteresis_tracker is not None:
@@ -610,12 +704,21 @@ def update_scale_(
 
     with _device_guard(device):
         _update_scale_kernel[(1,)](
-            scale, growth_tracker, found_inf,
+            scale,
+            growth_tracker,
+            found_inf,
             hysteresis_tracker if hysteresis_tracker is not None else growth_tracker,
             counters if counters is not None else growth_tracker,
             history if has_history else scale,
-            _f64_bits(growth_factor), _f64_bits(backoff_factor), int(growth_interval), int(hysteresis),
-            float(min_scale), float(max_scale), max(history.numel(), 1) if has_history else 1,
-            HAS_HYST=hysteresis_tracker is not None, HAS_COUNTERS=counters is not None, HAS_HISTORY=has_history,
+            _f64_bits(growth_factor),
+            _f64_bits(backoff_factor),
+            int(growth_interval),
+            int(hysteresis),
+            float(min_scale),
+            float(max_scale),
+            max(history.numel(), 1) if has_history else 1,
+            HAS_HYST=hysteresis_tracker is not None,
+            HAS_COUNTERS=counters is not None,
+            HAS_HISTORY=has_history,
             num_warps=1,
         )

@@ -1,0 +1,55 @@
+"""Shared pytest setup for ampkernels.
+
+- Without a CUDA device, Triton kernels run in the interpreter: ``TRITON_INTERPRET=1`` is set here, before any test
+  module (and so before anything that imports triton) is imported.
+- ``@pytest.mark.gpu`` marks tests that need a CUDA device; they are skipped, with the reason, when there is none.
+- ``import ampkernels`` finds the source tree also under plain ``pytest`` (which, unlike ``python -m pytest``, does
+  not put the repository root on ``sys.path``) when the package is not installed.
+- A test that takes a ``device`` argument runs once per entry of ``DEVICES`` (``"cpu"``, plus ``"cuda"`` when a
+  CUDA device is present; the ``cuda`` case carries the ``gpu`` mark so that ``-m gpu`` / ``-m "not gpu"`` select it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if importlib.util.find_spec("ampkernels") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+#: Devices every device-parametrised test runs on.
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+NO_CUDA_REASON = "needs a CUDA device (torch.cuda.is_available() is False)"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped when torch.cuda.is_available() is False")
+
+
+def pytest_generate_tests(metafunc):
+    if "device" in metafunc.fixturenames:
+        metafunc.parametrize(
+            "device", [pytest.param(d, marks=[pytest.mark.gpu] if d == "cuda" else []) for d in DEVICES]
+        )
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None and not HAS_CUDA:
+        pytest.skip(NO_CUDA_REASON)
+
+
+@pytest.fixture
+def devices() -> list[str]:
+    """The devices available here: ``["cpu"]`` plus ``"cuda"`` when a CUDA device is present."""
+    return list(DEVICES)
