@@ -46,7 +46,7 @@ class _TorchGradTable:
     def sparse_params(self) -> list[int]:
         return self._sparse
 
-    def unscale_reduce(self, scale, found_inf, factor, write, norm_type, per_tensor, max_norm):
+    def unscale_reduce(self, scale, found_inf, factor, write, norm_type, per_tensor, max_norm, revalidate=True):
         grads, index, self._sparse = [], [], []
         for i, p in enumerate(self.params):
             g = p.grad
@@ -84,6 +84,10 @@ def _same_params(groups: list, flat: tuple) -> bool:
     return sum(len(g) for g in groups) == len(flat) and all(
         a is b for a, b in zip((p for g in groups for p in g), flat)
     )
+
+
+def _params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
 
 def _check_grad_dtype(index: int, grad: torch.Tensor) -> None:
@@ -214,6 +218,7 @@ class FusedGradScaler(GradScaler):
         factor: torch.Tensor | None = None,
         norm_type: float = 0.0,
         max_norm: float = -1.0,
+        revalidate: bool = True,
     ):
         """Run the fused kernel over every gradient of ``optimizer``.
 
@@ -226,7 +231,7 @@ class FusedGradScaler(GradScaler):
                 s = self._scale_on(device) if scale is None else scale.to(device, non_blocking=True)
                 f = None if factor is None else factor.to(device, non_blocking=True)
                 found = torch.zeros((), dtype=torch.float32, device=device)
-                norm, _, coef = table.unscale_reduce(s, found, f, write, norm_type, False, max_norm)
+                norm, _, coef = table.unscale_reduce(s, found, f, write, norm_type, False, max_norm, revalidate)
                 sparse = table.sparse_params()
                 if sparse:
                     if norm_type:
@@ -303,9 +308,8 @@ class FusedGradScaler(GradScaler):
             The total norm of the unscaled gradients (before clipping), a 0-d float32 tensor on the scale's device.
         """
         max_norm, norm_type = float(max_norm), float(norm_type)
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         if not self._enabled:
-            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+            return torch.nn.utils.clip_grad_norm_(_params_with_grad(optimizer), max_norm, norm_type)
         self._check_scale_growth_tracker("clip_grad_norm_")
         if math.isnan(max_norm) or max_norm < 0:
             raise ValueError(f"FusedGradScaler.clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
@@ -320,7 +324,7 @@ class FusedGradScaler(GradScaler):
                 )
             if state["stage"] is OptState.READY:
                 self.unscale_(optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+            norm = torch.nn.utils.clip_grad_norm_(_params_with_grad(optimizer), max_norm, norm_type)
             self._last_grad_norm = norm
             return norm
 
@@ -344,7 +348,7 @@ class FusedGradScaler(GradScaler):
             state[_PENDING] = base / coef
         else:
             # Materialize: g = (g / divisor) * coef, in place.
-            self._fused_pass(optimizer, write=True, scale=divisor, factor=coef)
+            self._fused_pass(optimizer, write=True, scale=divisor, factor=coef, revalidate=False)
         if ready:
             state["found_inf_per_device"] = found_per_device
             state["stage"] = OptState.UNSCALED

@@ -204,8 +204,11 @@ class GradTable {
 
   std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_reduce(const at::Tensor& scale, const at::Tensor& found_inf,
                                                                 const std::optional<at::Tensor>& factor, bool write,
-                                                                double norm_type, bool per_tensor, double max_norm) {
-    refresh();
+                                                                double norm_type, bool per_tensor, double max_norm,
+                                                                bool revalidate) {
+    // revalidate=false: the caller knows the gradients cannot have changed since the last call (two passes of one
+    // clip_grad_norm_), which saves re-reading every parameter.
+    if (revalidate || !table_) refresh();
     check_scalars(scale, found_inf, factor, device_);
     UnscaleReduceArgs a;
     a.scale = scale;
@@ -387,7 +390,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("refresh", &ampkernels::GradTable::refresh)
       .def("unscale_reduce", &ampkernels::GradTable::unscale_reduce, pybind11::arg("scale"),
            pybind11::arg("found_inf"), pybind11::arg("factor"), pybind11::arg("write"), pybind11::arg("norm_type"),
-           pybind11::arg("per_tensor"), pybind11::arg("max_norm"))
+           pybind11::arg("per_tensor"), pybind11::arg("max_norm"), pybind11::arg("revalidate") = true)
       .def("grads", &ampkernels::GradTable::grads)
       .def("sparse_params", &ampkernels::GradTable::sparse_params)
       .def_property_readonly("rebuilds", &ampkernels::GradTable::rebuilds)

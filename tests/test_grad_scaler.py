@@ -409,6 +409,10 @@ TRAINING_SCENARIOS = {
 @pytest.mark.parametrize("name", list(TRAINING_SCENARIOS))
 def test_training_matches_stock_bitwise(device, name):
     sc = TRAINING_SCENARIOS[name]
+    if device == "cuda" and sc.dtype in (torch.float16, torch.bfloat16):
+        # Stock raises "not implemented for 'BFloat16'" on CUDA, so there is nothing to compare with; ours is
+        # checked against the manual reference for fp16/bf16 CUDA gradients in test_grad_scaler_gpu.py.
+        pytest.skip("torch.amp.GradScaler refuses fp16/bf16 gradients on CUDA")
     expected = train(stock_factory(device, **sc.scaler_kwargs), device, sc)
     assert_scenario_exercised(expected, sc)
     actual = train(ours_factory(device, **sc.scaler_kwargs), device, sc)
