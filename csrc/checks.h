@@ -4,7 +4,33 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#define AMPK_CHECK_ARG(cond, arg, ...) TORCH_CHECK(cond, "ampkernels: argument '", arg, "': ", __VA_ARGS__)
+#include <string>
+#include <type_traits>
+
+namespace ampkernels {
+
+// Numbers are formatted with std::to_string, not streamed: on the GPU machine's toolchain (gcc 13 headers against
+// the libstdc++ torch 2.11 loads) streaming an integer from this extension into an ostringstream crashed inside
+// libstdc++'s num_put (seen 2026-11-30, cuda-gdb backtrace), which turned every error message into a segfault.
+template <typename T, std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>, int> = 0>
+std::string printable(T v) {
+  return std::to_string(v);
+}
+inline const char* printable(bool v) { return v ? "true" : "false"; }
+template <typename T, std::enable_if_t<!std::is_arithmetic_v<T>, int> = 0>
+const T& printable(const T& v) {
+  return v;
+}
+
+template <typename... Args>
+std::string message(const Args&... args) {
+  return c10::str(printable(args)...);
+}
+
+}  // namespace ampkernels
+
+#define AMPK_CHECK_ARG(cond, arg, ...) \
+  TORCH_CHECK(cond, ::ampkernels::message("ampkernels: argument '", arg, "': ", __VA_ARGS__))
 
 #define AMPK_CHECK_SCALAR_FLOAT(t, arg)                                                                   \
   do {                                                                                                    \

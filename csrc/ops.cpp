@@ -21,8 +21,8 @@ NormKind norm_kind_of(double norm_type) {
   if (norm_type == 0.0) return NormKind::kNone;
   if (norm_type == 2.0) return NormKind::kL2;
   if (std::isinf(norm_type) && norm_type > 0) return NormKind::kInf;
-  TORCH_CHECK(false, "ampkernels: argument 'norm_type': the fused kernels compute the 2-norm and the inf-norm, got ",
-              norm_type);
+  AMPK_CHECK_ARG(false, "norm_type", "the fused kernels compute the 2-norm and the inf-norm, got ", norm_type);
+  return NormKind::kNone;  // unreachable
 }
 
 void launch_unscale_reduce(const TensorTable& table, const UnscaleReduceArgs& args) {

@@ -32,7 +32,7 @@ def main(num_tensors: int) -> None:
     scaler = ampkernels.FusedGradScaler(init_scale=1.0)
     scaler.scale(torch.ones((), device="cuda"))
     native = _backend.native()
-    table = native.GradTable(params, "cuda")
+    table = native.GradTable(params, "cuda:0")
     table.refresh()
     groups = [g["params"] for g in opt.param_groups]
     flat = tuple(params)
