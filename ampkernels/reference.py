@@ -36,7 +36,8 @@ def unscale_reduce_(
     For every tensor ``g``: ``v = g * inv_scale (* factor)`` in float32 (float64 for float64 tensors); when
     ``write``, ``g`` is overwritten with ``v`` cast back to its dtype. ``found_inf`` (float32, 1 element) is set to
     1.0 when any *input* element is non-finite, and never cleared. Returns ``(norm, per_tensor_norms)``: the
-    ``norm_type`` norm (2 or inf) of all ``v`` together (0-d) and of each tensor ([len(tensors)]), float32, or
+    ``norm_type`` norm (2 or inf) of all ``v`` (rounded to each tensor's dtype, as ``unscale_`` stores them) together
+    (0-d) and of each tensor ([len(tensors)]), float32, or
     ``None`` when not requested. Norms are accumulated in float64 here; the kernels accumulate in float32.
     """
     if norm_type is not None and norm_type != 2.0 and not math.isinf(norm_type):
@@ -52,7 +53,7 @@ def unscale_reduce_(
         if g.numel():
             flags.append(torch.isfinite(g).all().logical_not().to(dev))
         if norm_type is not None:
-            vd = v.double()
+            vd = v.to(g.dtype).double()  # the norm of the unscaled value as stored in the tensor's dtype
             if norm_type == 2.0:
                 norms.append(vd.pow(2).sum().to(dev))
             else:

@@ -1,8 +1,10 @@
 // Every ampkernels op in one place: the torch.library schemas, their CPU/CUDA registrations, and the GradTable
 // class that FusedGradScaler keeps per optimizer so that a step's host work does not grow tensor by tensor.
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/extension.h>
 
+#include <atomic>
 #include <cmath>
 #include <deque>
 #include <memory>
@@ -187,6 +189,8 @@ void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, co
 // ---- GradTable: the gradients of one optimizer on one device, re-read in C++ every step ----
 
 class GradTable {
+  static constexpr int64_t kRefreshGrain = 2048;  // parameters per task: below that, threads cost more than they save
+
  public:
   GradTable(std::vector<at::Tensor> params, at::Device device) : params_(std::move(params)), device_(device) {
     for (size_t i = 0; i < params_.size(); ++i)
@@ -257,36 +261,48 @@ class GradTable {
     bool dense;
   };
 
+  // Where parameter i's gradient sits in the table, or why it is not there.
+  static constexpr int64_t kNoGrad = -1, kSparse = -2;
+
+  // NOTE: 43 ns a parameter on the H200 machine's host (three dependent cache misses: parameter, autograd meta,
+  // gradient), 0.43 ms for 10k parameters; spread over the intra-op thread pool, since each parameter is checked on
+  // its own (the slot map says where its gradient must be).
   bool unchanged() {
-    size_t k = 0, s = 0;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      c10::TensorImpl* g = grad_impl(params_[i]);
-      if (g == nullptr) continue;
-      if (g->layout() != at::kStrided) {
-        if (s >= sparse_.size() || sparse_[s] != static_cast<int64_t>(i)) return false;
-        ++s;
-        continue;
+    std::atomic<bool> ok{true};
+    at::parallel_for(0, static_cast<int64_t>(params_.size()), kRefreshGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (!param_unchanged(i)) {
+          ok.store(false, std::memory_order_relaxed);
+          return;
+        }
       }
-      if (k >= keys_.size() || g->numel() != keys_[k].numel) return false;
-      Seen& seen = seen_[k];
-      const c10::StorageImpl* storage = g->storage().unsafeGetStorageImpl();
-      const bool same_object =
-          g == seen.impl._unsafe_get_target() && storage == seen.storage && g->storage_offset() == seen.offset;
-      if (!same_object) {  // slow path: a new gradient tensor, maybe on the same memory
-        const at::Tensor& grad = params_[i].grad();
-        if (grad.data_ptr() != keys_[k].ptr || grad.device() != device_) return false;
-        seen = {c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr()), storage, g->storage_offset(),
-                g->is_non_overlapping_and_dense()};
-      }
-      if (c10::typeMetaToScalarType(g->dtype()) != keys_[k].dtype || g->is_non_overlapping_and_dense() != seen.dense)
-        return false;
-      ++k;
+    });
+    return ok.load();
+  }
+
+  bool param_unchanged(int64_t i) {
+    c10::TensorImpl* g = grad_impl(params_[i]);
+    const int64_t slot = slot_[i];
+    if (g == nullptr) return slot == kNoGrad;
+    if (g->layout() != at::kStrided) return slot == kSparse;
+    if (slot < 0 || g->numel() != keys_[slot].numel) return false;
+    Seen& seen = seen_[slot];
+    const c10::StorageImpl* storage = g->storage().unsafeGetStorageImpl();
+    const bool same_object =
+        g == seen.impl._unsafe_get_target() && storage == seen.storage && g->storage_offset() == seen.offset;
+    if (!same_object) {  // slow path: a new gradient tensor, maybe on the same memory
+      const at::Tensor& grad = params_[i].grad();
+      if (grad.data_ptr() != keys_[slot].ptr || grad.device() != device_) return false;
+      seen = {c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr()), storage, g->storage_offset(),
+              g->is_non_overlapping_and_dense()};
     }
-    return k == keys_.size() && s == sparse_.size();
+    return c10::typeMetaToScalarType(g->dtype()) == keys_[slot].dtype &&
+           g->is_non_overlapping_and_dense() == seen.dense;
   }
 
   void rebuild() {
     param_index_.clear();
+    slot_.assign(params_.size(), kNoGrad);
     keys_.clear();
     seen_.clear();
     staged_.clear();
@@ -302,8 +318,10 @@ class GradTable {
                      "; gradients must be float32, float16, bfloat16 or float64");
       if (g.layout() != at::kStrided) {
         sparse_.push_back(static_cast<int64_t>(i));
+        slot_[i] = kSparse;
         continue;
       }
+      slot_[i] = static_cast<int64_t>(keys_.size());
       const bool dense = g.is_non_overlapping_and_dense();
       if (!dense) staged_.emplace_back(static_cast<int64_t>(i), g.contiguous());
       kernel_tensors.push_back(dense ? g : staged_.back().second);
@@ -321,6 +339,7 @@ class GradTable {
   std::unique_ptr<TensorTable> table_;
   // No strong reference to any gradient is kept between calls: that would pin last step's memory.
   std::vector<int64_t> param_index_;  // parameters whose gradient is in the table, in table-input order
+  std::vector<int64_t> slot_;         // per parameter: its index in keys_/seen_, kNoGrad or kSparse
   std::vector<TensorKey> keys_;
   std::vector<Seen> seen_;
   std::vector<std::pair<int64_t, at::Tensor>> staged_;  // (parameter index, contiguous copy) for strided views

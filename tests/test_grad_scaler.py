@@ -464,6 +464,8 @@ PARAM_GROUP_CHANGES = [
 def test_optimizer_parameter_changes_mid_run_match_stock(device, change):
     """Any cached view of the optimizer's gradients must follow changes to its parameters, as stock (which looks at
     ``param_groups`` afresh every step) does."""
+    if device == "cuda" and change == "param_data_to_bfloat16":
+        pytest.skip("torch.amp.GradScaler refuses bf16 gradients on CUDA: nothing to compare with")
     expected = _param_group_run(Stock(device, init_scale=2.0**10), device, change)
     actual = _param_group_run(FusedGradScaler(device, init_scale=2.0**10), device, change)
     assert_same_trajectory(actual, expected)

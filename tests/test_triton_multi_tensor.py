@@ -81,7 +81,9 @@ def assert_same(out, ref):
 
 def assert_norm_close(out, ref):
     assert out.dtype == F32
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=0, equal_nan=True)
+    # Norms are of the values as stored: under the interpreter bfloat16 stores truncate, moving them by < 1 ulp.
+    rtol = 2**-7 if INTERPRETED else 1e-5
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=0, equal_nan=True)
 
 
 def run_both(spec, scale_value, *, seed=0, data=None, found_start=0.0, **kw):

@@ -94,10 +94,10 @@ def _unscale_block(
         else:
             tl.store(base + offs, v.to(x.dtype))
     if NORM == 1:
-        vn = v.to(tl.float32)
+        vn = v.to(x.dtype).to(tl.float32)  # the norm of the value as stored (rounded to the tensor's dtype)
         acc += vn * vn
     elif NORM == 2:
-        acc = _nanmax(acc, tl.abs(v.to(tl.float32)))
+        acc = _nanmax(acc, tl.abs(v.to(x.dtype).to(tl.float32)))
     return acc, bad
 
 

@@ -30,8 +30,10 @@ void run_chunk(T* __restrict__ p, int64_t n, float inv, float factor, float* par
     bad[lane] |= !(g - g == M(0));  // g - g is 0 exactly when g is finite
     M v = g * inv_m;
     if (kFactor) v *= factor_m;
-    if (kWrite) x = static_cast<T>(v);
-    const float vf = static_cast<float>(v);
+    // The norm is of the unscaled value as stored in T (what clip_grad_norm_ after unscale_ would see).
+    const T stored = static_cast<T>(v);
+    if (kWrite) x = stored;
+    const float vf = static_cast<float>(stored);
     if (kNorm == NormKind::kL2) acc[lane] += vf * vf;
     if (kNorm == NormKind::kInf) acc[lane] = nan_max(acc[lane], std::fabs(vf));
   };

@@ -29,8 +29,10 @@ struct UnscaleOp {
     bad |= !isfinite(g);
     M v = g * static_cast<M>(inv);
     if (kFactor) v *= static_cast<M>(factor);
-    if (kWrite) x = static_cast<T>(v);
-    const float vf = static_cast<float>(v);
+    // The norm is of the unscaled value as stored in T (what clip_grad_norm_ after unscale_ would see).
+    const T stored = static_cast<T>(v);
+    if (kWrite) x = stored;
+    const float vf = static_cast<float>(stored);
     if (kNorm == NormKind::kL2) acc = fmaf(vf, vf, acc);
     if (kNorm == NormKind::kInf) acc = nan_max(acc, fabsf(vf));
   }
