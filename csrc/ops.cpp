@@ -189,7 +189,8 @@ void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, co
 // ---- GradTable: the gradients of one optimizer on one device, re-read in C++ every step ----
 
 class GradTable {
-  static constexpr int64_t kRefreshGrain = 2048;  // parameters per task: below that, threads cost more than they save
+  // Parameters per task. NOTE: 10k parameters on the H200 host: serial 426 us, grain 2048 (5 tasks) 231 us.
+  static constexpr int64_t kRefreshGrain = 512;
 
  public:
   GradTable(std::vector<at::Tensor> params, at::Device device) : params_(std::move(params)), device_(device) {
