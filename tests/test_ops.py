@@ -290,3 +290,28 @@ def test_opcheck_native_ops():
     torch.library.opcheck(
         torch.ops.ampkernels.update_scale_.default, uargs, test_utils=("test_schema", "test_faketensor")
     )
+
+
+@pytest.mark.skipif(_backend.native() is None, reason="native extension not built")
+def test_grad_table_is_reused_while_the_gradients_stay_and_rebuilt_when_they_move():
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (10, 20000, 3)]
+    for p in params:
+        p.grad = torch.randn_like(p) * 8
+    table = _backend.native().GradTable(params, "cpu")
+
+    def unscale():
+        table.unscale_reduce(_scalar(2.0, "cpu"), _scalar(0.0, "cpu"), None, True, 0.0, False, -1.0)
+
+    unscale()
+    unscale()
+    assert table.rebuilds == 1  # the same gradients: launch metadata built once
+    params[1].grad = params[1].grad.view(-1)  # a new tensor on the same memory: still valid
+    unscale()
+    assert table.rebuilds == 1
+    expected = params[0].grad.clone() / 2
+    params[0].grad = params[0].grad.clone()  # new memory: must be seen, or the kernel would write the old memory
+    unscale()
+    assert table.rebuilds == 2 and torch.equal(params[0].grad, expected)
+    params[2].grad = None  # a gradient disappears
+    unscale()
+    assert table.rebuilds == 3
