@@ -55,6 +55,18 @@ void check_scalars(const at::Tensor& scale, const at::Tensor& found_inf, const s
   }
 }
 
+UnscaleReduceArgs make_args(const at::Tensor& scale, const at::Tensor& found_inf,
+                            const std::optional<at::Tensor>& factor, bool write, double norm_type, double max_norm) {
+  UnscaleReduceArgs a;
+  a.scale = scale;
+  a.found_inf = found_inf;
+  if (factor.has_value()) a.factor = *factor;
+  a.write = write;
+  a.norm = norm_kind_of(norm_type);
+  a.max_norm = max_norm;
+  return a;
+}
+
 // Outputs requested by (norm_type, per_tensor, max_norm); empty tensors stand for "not requested".
 std::tuple<at::Tensor, at::Tensor, at::Tensor> make_outputs(UnscaleReduceArgs& a, int64_t num_per_tensor,
                                                             bool per_tensor, at::Device device) {
@@ -129,13 +141,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_reduce_(at::TensorList te
     table = std::make_shared<TensorTable>(dense, device);
   }
 
-  UnscaleReduceArgs a;
-  a.scale = scale;
-  a.found_inf = found_inf;
-  if (factor.has_value()) a.factor = *factor;
-  a.write = write;
-  a.norm = norm_kind_of(norm_type);
-  a.max_norm = max_norm;
+  UnscaleReduceArgs a = make_args(scale, found_inf, factor, write, norm_type, max_norm);
   auto outputs = make_outputs(a, static_cast<int64_t>(tensors.size()), per_tensor, device);
   launch_unscale_reduce(*table, a);
   if (write)
@@ -217,13 +223,7 @@ class GradTable {
     // clip_grad_norm_), which saves re-reading every parameter.
     if (revalidate || !table_) refresh();
     check_scalars(scale, found_inf, factor, device_);
-    UnscaleReduceArgs a;
-    a.scale = scale;
-    a.found_inf = found_inf;
-    if (factor.has_value()) a.factor = *factor;
-    a.write = write;
-    a.norm = norm_kind_of(norm_type);
-    a.max_norm = max_norm;
+    UnscaleReduceArgs a = make_args(scale, found_inf, factor, write, norm_type, max_norm);
     auto outputs = make_outputs(a, static_cast<int64_t>(params_.size()), per_tensor, device_);
     for (auto& [i, copy] : staged_) copy.copy_(params_[i].grad());
     launch_unscale_reduce(*table_, a);
