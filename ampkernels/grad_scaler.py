@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 import weakref
 from collections import defaultdict
 from typing import Any
@@ -86,6 +87,20 @@ def _same_params(groups: list, flat: tuple) -> bool:
     )
 
 
+def _check_process_group(group: Any) -> None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "FusedGradScaler: process_group was given but torch.distributed is not initialized; "
+            "call torch.distributed.init_process_group() first"
+        )
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"FusedGradScaler: process_group must be a torch.distributed.ProcessGroup, got {type(group).__name__}"
+        )
+
+
 def _params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
@@ -111,6 +126,11 @@ class FusedGradScaler(GradScaler):
             norm; read back only by :meth:`telemetry`.
         history_size: length of the scale history ring buffer.
         backend: ``"native"``, ``"triton"`` or ``"torch"``; default: the best available.
+        process_group: for sharded gradients (FSDP2 / ZeRO-style: each rank's optimizer holds a different shard).
+            The non-finite flag and the squared gradient norm are summed across the group's ranks in one
+            all-reduce, so every rank makes the same skip decision, keeps the same scale and clips with the
+            global norm. Not needed with DDP, whose gradients are already identical on every rank. A group of one
+            rank communicates nothing.
 
     Example::
 
@@ -140,6 +160,7 @@ class FusedGradScaler(GradScaler):
         telemetry: bool = False,
         history_size: int = 1024,
         backend: str | None = None,
+        process_group: Any = None,
     ) -> None:
         if not (isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale > 0):
             raise ValueError(f"FusedGradScaler: init_scale must be a finite number > 0, got {init_scale!r}")
@@ -155,7 +176,10 @@ class FusedGradScaler(GradScaler):
             raise ValueError(f"FusedGradScaler: min_scale ({min_scale}) is above max_scale ({max_scale})")
         if backend is not None and backend not in _backend.BACKENDS:
             raise ValueError(f"FusedGradScaler: backend must be one of {_backend.BACKENDS}, got {backend!r}")
+        if process_group is not None:
+            _check_process_group(process_group)
         super().__init__(device, float(init_scale), growth_factor, backoff_factor, growth_interval, enabled)
+        self._process_group = process_group
         self._hysteresis = hysteresis
         self._min_scale = min_scale
         self._max_scale = max_scale
@@ -256,6 +280,39 @@ class FusedGradScaler(GradScaler):
                 p.grad = p.grad.coalesce()
             torch._amp_foreach_non_finite_check_and_unscale_([p.grad._values()], found, inv.reshape(()))
 
+    def _group_size(self) -> int:
+        return 1 if self._process_group is None else torch.distributed.get_world_size(self._process_group)
+
+    def _all_reduce(self, found_per_device: dict, norms: list | None = None, norm_type: float = 2.0):
+        """Make ``found_per_device`` (in place) and the gradient norm global over the process group.
+
+        One all-reduce of ``[non-finite flag, norm statistic]`` in float64: summed for the 2-norm (the statistic is
+        the local sum of squares), max for the inf-norm (the statistic is the local max). Every rank must call it
+        the same number of times, also a rank whose optimizer holds no gradient. Returns the global norm, a 0-d
+        float32 tensor, when ``norms`` (this rank's per-device norms) is given.
+        """
+        import torch.distributed as dist
+
+        dev = self._scale.device
+        local = [f.to(dev, torch.float64, non_blocking=True) for f in found_per_device.values()]
+        flag = torch.stack(local).sum() if local else torch.zeros((), dtype=torch.float64, device=dev)
+        if not norms:
+            stat = torch.zeros((), dtype=torch.float64, device=dev)
+        else:
+            each = torch.stack([n.to(dev, torch.float64, non_blocking=True) for n in norms])
+            stat = each.square().sum() if norm_type == 2.0 else each.max()
+        buf = torch.stack([flag, stat])
+        op = dist.ReduceOp.SUM if norm_type == 2.0 else dist.ReduceOp.MAX
+        dist.all_reduce(buf, op=op, group=self._process_group)
+        global_flag = buf[0].float()
+        for found in found_per_device.values():
+            found.copy_(global_flag, non_blocking=True)
+        if not found_per_device:
+            found_per_device[dev] = global_flag  # the skip decision of the other ranks, recorded for update()
+        if norms is None:
+            return None
+        return (buf[1].sqrt() if norm_type == 2.0 else buf[1]).float()
+
     # ---- GradScaler API ----
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
@@ -270,6 +327,8 @@ class FusedGradScaler(GradScaler):
         # Stock multiplies every gradient by 1.0 to find infs; a read-only pass finds the same at half the traffic.
         self._check_scale_growth_tracker("_check_inf_per_device")
         found_per_device, _ = self._fused_pass(optimizer, write=False)
+        if self._group_size() > 1:
+            self._all_reduce(found_per_device)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
         return found_per_device
 
@@ -286,7 +345,10 @@ class FusedGradScaler(GradScaler):
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         elif state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        state["found_inf_per_device"], _ = self._fused_pass(optimizer, write=True)
+        found_per_device, _ = self._fused_pass(optimizer, write=True)
+        if self._group_size() > 1:
+            self._all_reduce(found_per_device)
+        state["found_inf_per_device"] = found_per_device
         state["stage"] = OptState.UNSCALED
 
     def clip_grad_norm_(
@@ -317,6 +379,11 @@ class FusedGradScaler(GradScaler):
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("clip_grad_norm_() is being called after step().")
         if norm_type != 2.0 and not (math.isinf(norm_type) and norm_type > 0):
+            if self._group_size() > 1:
+                raise NotImplementedError(
+                    f"FusedGradScaler.clip_grad_norm_: norm_type={norm_type} is not supported with a process_group "
+                    "(the global norm is reduced for norm_type 2.0 and inf)"
+                )
             if state.get(_PENDING) is not None:
                 raise RuntimeError(
                     "clip_grad_norm_: a fused (deferred) clip is pending for this optimizer; a second clip with "
@@ -339,10 +406,15 @@ class FusedGradScaler(GradScaler):
             divisor = pending
         else:
             divisor = torch.ones((), dtype=torch.float32, device=self._scale.device)
+        distributed = self._group_size() > 1
         found_per_device, results = self._fused_pass(
-            optimizer, write=False, scale=divisor, norm_type=norm_type, max_norm=max_norm
+            optimizer, write=False, scale=divisor, norm_type=norm_type, max_norm=-1.0 if distributed else max_norm
         )
-        norm, coef = self._combine_norms(results, norm_type, max_norm)
+        if distributed:  # the global norm and skip decision: one all-reduce
+            norm = self._all_reduce(found_per_device, [n for _, n, _ in results], norm_type)
+            coef = reference.clip_coef(norm, max_norm)
+        else:
+            norm, coef = self._combine_norms(results, norm_type, max_norm)
         if defer:
             base = self._scale if divisor is None else divisor
             state[_PENDING] = base / coef
@@ -386,6 +458,13 @@ class FusedGradScaler(GradScaler):
             raise RuntimeError("step() has already been called since the last update().")
 
         if not getattr(optimizer, "_step_supports_amp_scaling", False):
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"FusedGradScaler.step: {type(optimizer).__name__} cannot be captured in a CUDA graph: deciding "
+                    "whether to skip its step needs a host sync. Use an optimizer that takes the scale and the skip "
+                    "flag on the device: ampkernels.FusedAdamW, FusedAdam or FusedSGD (or torch's AdamW/Adam/SGD "
+                    "with fused=True)"
+                )
             if state["stage"] is OptState.READY:
                 self.unscale_(optimizer)
             if len(state["found_inf_per_device"]) == 0:
@@ -543,6 +622,12 @@ class FusedGradScaler(GradScaler):
             state["_history"] = None
             state["_last_grad_norm"] = None
         state["_grad_tables"] = None  # launch tables hold raw pointers: rebuilt after unpickling
+        if state.get("_process_group") is not None:
+            warnings.warn(
+                "FusedGradScaler: a process group cannot be pickled; the unpickled scaler has process_group=None",
+                stacklevel=2,
+            )
+            state["_process_group"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
