@@ -32,7 +32,8 @@ _PENDING = "ampkernels_pending_grad_scale"
 
 
 class _TorchGradTable:
-    """The gradients of one optimizer on one device, for the Triton and plain-torch backends.
+    """The gradients of one optimizer on one device, for the Triton and plain-torch backends and for FSDP2's
+    DTensor gradients (whose local shards it hands to the list op of any backend).
 
     Same interface as the native ``ampkernels._C.GradTable``; collects the gradients in Python on every call.
     """
@@ -53,6 +54,8 @@ class _TorchGradTable:
             g = p.grad
             if g is None:
                 continue
+            if _is_dtensor(g):  # FSDP2: this rank's shard of the gradient
+                g = g.to_local()
             _check_grad_dtype(i, g)
             if g.layout != torch.strided:
                 self._sparse.append(i)
@@ -75,6 +78,12 @@ class _TorchGradTable:
             full = torch.zeros(len(self.params), dtype=torch.float32, device=self.device)
             each = full.index_copy_(0, torch.tensor(index, dtype=torch.long, device=self.device), each)
         return res.norm, each, res.clip_coef
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    # DTensor (FSDP2's sharded parameters and gradients) is a wrapper without storage; the kernels run on its
+    # local shard. Checked by name so that torch builds without torch.distributed import fine.
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
 
 
 def _same_params(groups: list, flat: tuple) -> bool:
@@ -219,7 +228,7 @@ class FusedGradScaler(GradScaler):
         tables = []
         for device, params in by_device.items():
             name = _backend.select(device, self._backend)
-            if name == "native":
+            if name == "native" and not any(_is_dtensor(p) for p in params):
                 table = _backend.native().GradTable(params, str(device))
             else:
                 table = _TorchGradTable(params, device, name)

@@ -113,7 +113,45 @@ def _scenario_ddp(rank, world, device, kind):
     return results
 
 
-SCENARIOS = {"sharded": _scenario_sharded, "group_of_one": _scenario_group_of_one, "ddp": _scenario_ddp}
+def _scenario_fsdp2(rank, world, device, kind):
+    """FSDP2 (fully_shard): DTensor gradients, each rank holding a shard; an inf lands in rank 1's shard only."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(device)
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh)
+    opt = _make_optimizer(kind, model.parameters())
+    scaler = FusedGradScaler(device.type, init_scale=INIT_SCALE, process_group=mesh.get_group())
+    gen = torch.Generator().manual_seed(rank)
+    record = {"norm": [], "full_norm": [], "scale": [], "skipped": []}
+    for step in range(STEPS):
+        x = torch.randn(8, 16, generator=gen).to(device)
+        opt.zero_grad()
+        scaler.scale(model(x).square().mean()).backward()
+        if step == OVERFLOW_STEP and rank == 1:
+            model[2].weight.grad.to_local()[0, 0] = math.inf
+        full = [p.grad.full_tensor().double() / scaler.get_scale() for p in model.parameters()]
+        before = [p.detach().to_local().clone() for p in model.parameters()]
+        norm = scaler.clip_grad_norm_(opt, MAX_NORM)
+        scaler.step(opt)
+        scaler.update()
+        record["norm"].append(float(norm))
+        record["full_norm"].append(float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in full]))))
+        record["scale"].append(scaler.get_scale())
+        after = [p.detach().to_local() for p in model.parameters()]
+        record["skipped"].append(all(torch.equal(a, b) for a, b in zip(before, after)))
+    return record
+
+
+SCENARIOS = {
+    "sharded": _scenario_sharded,
+    "fsdp2": _scenario_fsdp2,
+    "group_of_one": _scenario_group_of_one,
+    "ddp": _scenario_ddp,
+}
 
 
 def _worker(rank, world, init_file, backend, scenario, kind, out_dir):
@@ -164,6 +202,15 @@ def _check_sharded(ranks, kind):
 @pytest.mark.parametrize("kind", ["sgd", "adamw_fused"])
 def test_sharded_gradients_global_norm_and_skip(tmp_path, kind):
     _check_sharded(_run(tmp_path, "sharded", kind=kind), kind)
+
+
+def test_fsdp2_dtensor_gradients(tmp_path):
+    ranks = _run(tmp_path, "fsdp2")
+    for r, rec in enumerate(ranks):
+        assert rec["skipped"] == [step == OVERFLOW_STEP for step in range(STEPS)], f"rank {r}"
+        assert rec["scale"] == ranks[0]["scale"] and rec["norm"] == ranks[0]["norm"]
+        finite = [step for step in range(STEPS) if step != OVERFLOW_STEP]
+        assert [rec["norm"][s] for s in finite] == pytest.approx([rec["full_norm"][s] for s in finite], rel=1e-5)
 
 
 def test_process_group_of_one_communicates_nothing(tmp_path):
