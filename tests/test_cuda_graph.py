@@ -1,0 +1,122 @@
+"""Whole-step CUDA graphs: ``ampkernels.capture_step`` replays forward + backward + scaler + optimizer, overflow steps
+are still skipped and the scale still updated; capture with an ordinary optimizer fails with a clear error."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import ampkernels
+from ampkernels import FusedGradScaler, capture_step
+
+OVERFLOW_STEPS = {2, 5}
+
+
+def _optimizers():
+    kinds = {
+        "torch-fused-adamw": lambda params: torch.optim.AdamW(params, lr=torch.tensor(1e-2, device="cuda"), fused=True)
+    }
+    for name in ("FusedAdamW", "FusedSGD"):
+        if hasattr(ampkernels, name):
+            cls = getattr(ampkernels, name)
+            kinds[name] = lambda params, cls=cls: cls(params, lr=torch.tensor(1e-2, device="cuda"))
+    return kinds
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+    ).cuda()
+
+
+def _batches(n):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    out = []
+    for step in range(n):
+        x = torch.randn(16, 32, device="cuda", generator=gen)
+        if step in OVERFLOW_STEPS:
+            x[3, 7] = math.inf  # every gradient of the step becomes non-finite: the step must be skipped
+        out.append((x, torch.randn(16, 8, device="cuda", generator=gen)))
+    return out
+
+
+def _make_step(model, opt, scaler):
+    def train_step(x, y):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.clip_grad_norm_(opt, max_norm=1.0)
+        scaler.step(opt)
+        scaler.update()
+        return loss.detach()
+
+    return train_step
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(_optimizers()) if torch.cuda.is_available() else ["torch-fused-adamw"])
+def test_replay_matches_eager_and_skips_overflow(kind):
+    make_opt = _optimizers()[kind]
+    batches = _batches(8)
+    warm_x, warm_y = _batches(1)[0]
+
+    eager_model = _model()
+    graph_model = copy.deepcopy(eager_model)
+    eager_opt, graph_opt = make_opt(eager_model.parameters()), make_opt(graph_model.parameters())
+    eager_scaler, graph_scaler = FusedGradScaler(init_scale=2.0**14), FusedGradScaler(init_scale=2.0**14)
+    eager_step = _make_step(eager_model, eager_opt, eager_scaler)
+
+    for _ in range(3):  # capture_step's warmup steps, done eagerly here
+        eager_step(warm_x, warm_y)
+    graphed = capture_step(_make_step(graph_model, graph_opt, graph_scaler), warm_x, warm_y, warmup=3)
+    # The capture itself ran no kernels: the models agree before the first replay.
+    for a, b in zip(eager_model.parameters(), graph_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    for step, (x, y) in enumerate(batches):
+        before = [p.detach().clone() for p in graph_model.parameters()]
+        scale_before = graph_scaler.get_scale()
+        eager_loss = eager_step(x, y)
+        graph_loss = graphed(x, y)
+        if step in OVERFLOW_STEPS:
+            assert all(torch.equal(b, p) for b, p in zip(before, graph_model.parameters())), "overflow not skipped"
+            assert graph_scaler.get_scale() == scale_before / 2
+        else:
+            assert not torch.equal(before[0], graph_model[0].weight)
+        assert graph_scaler.get_scale() == eager_scaler.get_scale()
+        torch.testing.assert_close(graph_loss, eager_loss, rtol=1e-5, atol=1e-6, equal_nan=True)
+        for a, b in zip(eager_model.parameters(), graph_model.parameters()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_capture_with_an_ordinary_optimizer_says_what_to_use():
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)  # foreach: its step needs the skip decision on the host
+    x, y = _batches(1)[0]
+    with pytest.raises(RuntimeError, match="FusedAdamW"):
+        capture_step(_make_step(model, opt, FusedGradScaler()), x, y, warmup=1)
+
+
+@pytest.mark.gpu
+def test_captured_step_checks_its_inputs():
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2, device="cuda"), fused=True)
+    x, y = _batches(1)[0]
+    graphed = capture_step(_make_step(model, opt, FusedGradScaler()), x, y, warmup=1)
+    with pytest.raises(ValueError, match=r"input 0 must be a tensor of shape \(16, 32\)"):
+        graphed(x[:8], y)
+    with pytest.raises(ValueError, match="argument structure"):
+        graphed(x)
+
+
+def test_capture_step_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("checks the error without a CUDA device")
+    with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
+        capture_step(lambda x: x, torch.ones(1))
