@@ -7,7 +7,18 @@
 from ampkernels import ops, reference
 from ampkernels.cuda_graph import CapturedStep, capture_step
 from ampkernels.grad_scaler import FusedGradScaler
+from ampkernels.scaled_matmul import ScaledLinear, scaled_matmul
 from ampkernels.telemetry import plot_scale_history
 
 __version__ = "0.1.0"
-__all__ = ["CapturedStep", "FusedGradScaler", "capture_step", "ops", "plot_scale_history", "reference", "__version__"]
+__all__ = [
+    "CapturedStep",
+    "FusedGradScaler",
+    "ScaledLinear",
+    "ops",
+    "plot_scale_history",
+    "reference",
+    "scaled_matmul",
+    "__version__",
+    "capture_step",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import platform
 
 import torch
@@ -12,6 +13,18 @@ from ampkernels import __version__, _backend
 _TENSOR_CORE_DTYPES = [("float16", (7, 0)), ("bfloat16", (8, 0)), ("tf32", (8, 0)), ("float8 (e4m3/e5m2)", (8, 9))]
 
 OPS = ["unscale_reduce_ (unscale + non-finite check + norm)", "update_scale_"]
+
+
+def _scaled_matmul_line(device: torch.device) -> str:
+    # ampkernels.scaled_matmul the attribute is the function; the module is reached by its import path.
+    sm = importlib.import_module("ampkernels.scaled_matmul")
+
+    try:
+        chosen = sm.select_backend(device)
+    except RuntimeError as exc:  # an override that cannot run here
+        return f"  op scaled_matmul: {exc}"
+    others = [f"{name}: {sm.why_not(name, device) or 'available'}" for name in sm.BACKENDS if name != chosen]
+    return f"  op scaled_matmul: {chosen} (others: {'; '.join(others)})"
 
 
 def report() -> str:
@@ -51,6 +64,7 @@ def report() -> str:
             lines.append(f"  {name:7s} {'available' if reason is None else 'unavailable: ' + reason}")
         for op in OPS:
             lines.append(f"  op {op}: {chosen}")
+        lines.append(_scaled_matmul_line(device))
     return "\n".join(lines)
 
 

@@ -129,3 +129,49 @@ def update_scale_(
         counters[1] += found.to(counters.dtype)
         if history is not None and history.numel():
             history.index_copy_(0, (n % history.numel()).reshape(1), new_scale.reshape(1))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# scaled_matmul
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def scaled_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: torch.Tensor | float | None = None,
+    *,
+    alpha: float = 1.0,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    found_inf: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference of ``ampkernels.scaled_matmul`` (and its ``"torch"`` backend): computed in float32 (float64 for
+    float64 operands) as ``v = (a @ b) * (alpha * scale) + bias``; with ``accumulate`` ``v = out + v`` (old value read
+    in the same precision); the result is ``v`` cast to ``out_dtype`` (default ``out.dtype``, else ``a.dtype``) and
+    written to ``out`` when given. ``scale`` broadcasts against the [..., M, N] product (a tensor of one element,
+    per row [..., M, 1], per column [N]). ``found_inf`` (float32, 1 element) is set to 1.0 when any element of the
+    result as stored is inf or NaN, with no host synchronization; never cleared.
+    """
+    compute = torch.float64 if a.dtype == torch.float64 else torch.float32
+    v = a.to(compute) @ b.to(compute)
+    if isinstance(scale, torch.Tensor):
+        v = v * (scale.to(compute) * alpha)
+    else:
+        v = v * (alpha * (1.0 if scale is None else float(scale)))
+    if bias is not None:
+        v = v + bias.to(compute)
+    if accumulate:
+        v = out.to(compute) + v
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else a.dtype
+    result = v.to(out_dtype)
+    if found_inf is not None and result.numel():
+        bad = torch.isfinite(result).all().logical_not()
+        found_inf.copy_(torch.where(bad, torch.ones_like(found_inf), found_inf))
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result

@@ -1,0 +1,486 @@
+"""``ampkernels.scaled_matmul``: ``scale * (a @ b) + bias`` with fp32 accumulation, in one kernel.
+
+Layers, top to bottom:
+
+* :func:`scaled_matmul` (public): checks every argument (errors name it), applies autocast like ``aten::mm``,
+  normalizes the scale to one of four modes, flattens ``a``'s batch dimensions, picks a backend per call, and calls
+* ``ampkernels::scaled_mm_`` (mutating op: writes ``out``, may set ``found_inf``; used when no gradient is needed)
+  or ``ampkernels::scaled_mm`` (functional op with autograd). Both are ``torch.library`` custom ops with fake
+  implementations, so ``torch.compile`` traces them and ``torch.library.opcheck`` passes. Both launch one of
+* the backends: ``"triton"`` (``ampkernels/triton/scaled_matmul.py``), ``"wmma"`` (the native op
+  ``ampkernels::scaled_matmul_wmma_`` when the extension was built with it) or ``"torch"``
+  (:func:`ampkernels.reference.scaled_matmul`, also the only backend for float32/float64 operands).
+
+:class:`ScaledLinear` is a drop-in ``torch.nn.Linear`` running on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import numbers
+import os
+
+import torch
+
+from ampkernels import _backend, reference
+
+BACKENDS = ("triton", "wmma", "torch")
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SCALE_NONE, SCALE_TENSOR, SCALE_ROW, SCALE_COL = 0, 1, 2, 3
+
+# --------------------------------------------------------------------------------------------------------------------
+# Backends
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _load_triton():
+    try:
+        return importlib.import_module("ampkernels.triton.scaled_matmul"), None
+    except Exception as exc:  # ImportError, or a Triton that fails to initialise
+        return None, f"triton is not usable ({type(exc).__name__}: {exc})"
+
+
+def _wmma_op():
+    _backend.native()  # importing ampkernels._C registers its ops
+    try:
+        return torch.ops.ampkernels.scaled_matmul_wmma_
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def why_not(backend: str, device: torch.device) -> str | None:
+    """``None`` when ``backend`` can run scaled_matmul on ``device``, else the reason it cannot."""
+    device = torch.device(device)
+    if backend == "triton":
+        module, error = _load_triton()
+        if module is None:
+            return error
+        if device.type == "cuda" or _backend.triton_interpreting():
+            return None
+        return "Triton runs on CUDA tensors (or on CPU tensors under TRITON_INTERPRET=1)"
+    if backend == "wmma":
+        if device.type != "cuda":
+            return "the WMMA kernel runs on CUDA tensors only"
+        if _wmma_op() is None:
+            reason = _backend.why_not("native", device)
+            return reason or (
+                "ampkernels._C has no scaled_matmul_wmma_ op (built without csrc/cuda/scaled_matmul_wmma.cu); "
+                "rebuild with `pip install --no-build-isolation -e .` and CUDA_HOME set"
+            )
+        return None
+    if backend == "torch":
+        return None
+    raise ValueError(f"ampkernels.scaled_matmul: argument 'backend': expected one of {BACKENDS}, got {backend!r}")
+
+
+def _requested_backend(backend: str | None) -> str | None:
+    requested = backend or os.environ.get("AMPKERNELS_SCALED_MATMUL_BACKEND") or os.environ.get("AMPKERNELS_BACKEND")
+    return {"native": "wmma"}.get(requested, requested) or None
+
+
+def select_backend(device: torch.device, backend: str | None = None) -> str:
+    """The backend for a call on ``device``: ``backend`` if given (error if it cannot run), else
+    ``AMPKERNELS_SCALED_MATMUL_BACKEND`` / ``AMPKERNELS_BACKEND`` (``native`` means ``wmma``), else the first of
+    triton → wmma → torch that runs (Triton first: it reaches wgmma on Hopper, WMMA is capped by mma.sync). On CPU
+    tensors the default is the reference (the Triton interpreter is for tests)."""
+    device = torch.device(device)
+    requested = _requested_backend(backend)
+    if requested is not None:
+        reason = why_not(requested, device)
+        if reason is not None:
+            raise RuntimeError(f"ampkernels.scaled_matmul: backend {requested!r} cannot run on {device}: {reason}")
+        return requested
+    order = ("triton", "wmma", "torch") if device.type == "cuda" else ("torch",)
+    return next(name for name in order if why_not(name, device) is None)
+
+
+def _launch(backend, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
+    """``out (+)= alpha * scale * (a @ b) + bias`` on normalized 2-D arguments (see the op schema)."""
+    if a.shape[0] == 0 or b.shape[1] == 0:
+        return
+    if backend == "torch" or a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
+        ref_scale = scale
+        if scale_mode == SCALE_ROW:
+            ref_scale = scale[:, None]
+        reference.scaled_matmul(
+            a, b, ref_scale, alpha=alpha, bias=bias, out=out, accumulate=accumulate, found_inf=found_inf
+        )
+    elif backend == "triton":
+        _load_triton()[0].scaled_mm_(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+    elif backend == "wmma":
+        # The WMMA op takes row- or column-major operands only.
+        a = a if a.is_contiguous() or a.t().is_contiguous() else a.contiguous()
+        b = b if b.is_contiguous() or b.t().is_contiguous() else b.contiguous()
+        _wmma_op()(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+    else:
+        raise ValueError(f"ampkernels.scaled_matmul: unknown backend {backend!r}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# torch.library ops
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("ampkernels::scaled_mm_", mutates_args=("out", "found_inf"))
+def _scaled_mm_out(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_mode: int,
+    alpha: float,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    accumulate: bool,
+    found_inf: torch.Tensor | None,
+    backend: str,
+) -> None:
+    """In place: ``out (+)= alpha * scale * (a @ b) + bias``; a [M, K], b [K, N], out [M, N] row-major."""
+    _launch(backend, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+
+
+@_scaled_mm_out.register_fake
+def _(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, backend) -> None:
+    return None
+
+
+@torch.library.custom_op("ampkernels::scaled_mm", mutates_args=())
+def _scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_mode: int,
+    alpha: float,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    check_finite: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Functional form with autograd: returns ``(out [M, N] out_dtype, flag)``; ``flag`` is float32 [1] (1.0 when
+    an output element is non-finite) if ``check_finite``, else empty."""
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
+    flag = torch.zeros(1 if check_finite else 0, dtype=torch.float32, device=a.device)
+    _launch(backend, a, b, scale, scale_mode, alpha, bias, out, False, flag if check_finite else None)
+    return out, flag
+
+
+@_scaled_mm.register_fake
+def _(a, b, scale, scale_mode, alpha, bias, out_dtype, check_finite, backend):
+    out = a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+    return out, a.new_empty((1 if check_finite else 0,), dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, scale, scale_mode, alpha, bias, out_dtype, check_finite, backend = inputs
+    ctx.save_for_backward(a, b, scale)
+    ctx.scale_mode, ctx.alpha, ctx.backend = scale_mode, alpha, backend
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.mark_non_differentiable(output[1])
+
+
+def _mm(a, b, scale, scale_mode, alpha, out_dtype, backend):
+    return torch.ops.ampkernels.scaled_mm(a, b, scale, scale_mode, alpha, None, out_dtype, False, backend)[0]
+
+
+def _backward(ctx, grad_out, _grad_flag):
+    """out = s ⊙ (a @ b) + bias with s = alpha·scale (scalar, per row or per column):
+
+    grad_a = s ⊙ (g @ bᵀ) and grad_b = aᵀ @ (s ⊙ g), through the same kernels: a scalar or the scale along the
+    output's own axis goes in the epilogue; the other axis is the contraction, so g is scaled first (fp32, then
+    rounded to a's dtype). An fp32 ``g`` (out_dtype float32) is rounded to a's dtype for the 16-bit kernels.
+    grad_bias = Σ_rows g (fp32). grad_scale = alpha · Σ g ⊙ (a @ b) over the broadcast axes (one more matmul, only
+    when the scale requires grad)."""
+    a, b, scale = ctx.saved_tensors
+    mode, alpha, backend = ctx.scale_mode, ctx.alpha, ctx.backend
+    g = grad_out.to(a.dtype)
+    grad_a = grad_b = grad_scale = grad_bias = None
+    need_a, need_b, need_scale, _, _, need_bias = ctx.needs_input_grad[:6]
+    compute = torch.promote_types(a.dtype, torch.float32)
+    if need_a:
+        if mode == SCALE_COL:  # s runs along N, the contraction of g @ bᵀ
+            g_cols = (g.to(compute) * (scale * alpha)[None, :]).to(a.dtype)
+            grad_a = _mm(g_cols, b.t(), None, SCALE_NONE, 1.0, a.dtype, backend)
+        else:
+            grad_a = _mm(g, b.t(), scale, mode, alpha, a.dtype, backend)
+    if need_b:
+        if mode == SCALE_ROW:  # s runs along M, the contraction of aᵀ @ g
+            g_rows = (g.to(compute) * (scale * alpha)[:, None]).to(a.dtype)
+            grad_b = _mm(a.t(), g_rows, None, SCALE_NONE, 1.0, b.dtype, backend)
+        else:
+            grad_b = _mm(a.t(), g, scale, mode, alpha, b.dtype, backend)
+    if need_bias:
+        grad_bias = grad_out.to(compute).sum(0).to(ctx.bias_dtype)
+    if need_scale:
+        product = _mm(a, b, None, SCALE_NONE, 1.0, compute, backend)
+        weighted = grad_out.to(compute) * product * alpha
+        if mode == SCALE_TENSOR:
+            grad_scale = weighted.sum().reshape(scale.shape)
+        elif mode == SCALE_ROW:
+            grad_scale = weighted.sum(1)
+        else:
+            grad_scale = weighted.sum(0)
+        grad_scale = grad_scale.to(scale.dtype)
+    return grad_a, grad_b, grad_scale, None, None, grad_bias, None, None, None
+
+
+_scaled_mm.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Public function
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _error(argument: str, message: str) -> ValueError:
+    return ValueError(f"ampkernels.scaled_matmul: argument '{argument}': {message}")
+
+
+def _shape(t: torch.Tensor) -> str:
+    return f"[{', '.join(map(str, t.shape))}]"
+
+
+def _normalize_scale(scale, a: torch.Tensor, out_shape: tuple[int, ...], compute: torch.dtype):
+    """(alpha, scale tensor or None, mode) for ``scale * (a @ b)`` broadcasting rules; see :func:`scaled_matmul`."""
+    if scale is None:
+        return 1.0, None, SCALE_NONE
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        return float(scale), None, SCALE_NONE
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(
+            f"ampkernels.scaled_matmul: argument 'scale': expected a float or a tensor, got {type(scale).__name__}"
+        )
+    if not scale.is_floating_point():
+        raise _error("scale", f"expected a floating-point tensor, got {scale.dtype}")
+    if scale.device != a.device:
+        if scale.device.type == "cpu" and scale.ndim == 0:
+            scale = scale.to(a.device, non_blocking=True)  # like a CPU 0-d tensor in `scale * (a @ b)`
+        else:
+            raise _error("scale", f"expected a tensor on {a.device} (like a), got one on {scale.device}")
+    scale = scale.to(compute)
+    M, N = math.prod(out_shape[:-1]), out_shape[-1]
+    rows_shape = (*out_shape[:-1], 1)
+    if scale.ndim > len(out_shape):
+        raise _error("scale", f"shape {_shape(scale)} has more dimensions than the output {list(out_shape)}")
+    if scale.numel() == 1:
+        return 1.0, scale.reshape(()), SCALE_TENSOR
+    if tuple(scale.shape) == rows_shape:
+        return 1.0, scale.reshape(M), SCALE_ROW
+    if scale.shape[-1] == N and all(size == 1 for size in scale.shape[:-1]):
+        return 1.0, scale.reshape(N), SCALE_COL
+    hint = ""
+    if scale.ndim == 1 and scale.shape[0] == M:
+        hint = f"; a 1-D scale broadcasts along the columns (length N={N}): pass shape {list(rows_shape)} per row"
+    raise _error(
+        "scale",
+        f"shape {_shape(scale)} is not one of: a single element, per row {list(rows_shape)}, per column [{N}] "
+        f"(output {list(out_shape)}){hint}",
+    )
+
+
+def _check_found_inf(found_inf, device):
+    if found_inf is None:
+        return
+    if not isinstance(found_inf, torch.Tensor):
+        raise TypeError(f"ampkernels.scaled_matmul: argument 'found_inf': expected a tensor, got {type(found_inf)}")
+    if found_inf.dtype != torch.float32 or found_inf.numel() != 1:
+        raise _error("found_inf", f"expected a 1-element float32 tensor, got {found_inf.dtype} {_shape(found_inf)}")
+    if found_inf.device != device:
+        raise _error("found_inf", f"expected a tensor on {device}, got one on {found_inf.device}")
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    if t.numel() == 0:
+        return 0, 0
+    start = t.data_ptr()
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 1)
+    return start, start + (extent + 1) * t.element_size()
+
+
+def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
+    (x0, x1), (y0, y1) = _byte_range(x), _byte_range(y)
+    return x0 < y1 and y0 < x1 and x.device == y.device
+
+
+def _check_out(out, expected_shape, out_dtype, device, others):
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"ampkernels.scaled_matmul: argument 'out': expected a tensor, got {type(out).__name__}")
+    if tuple(out.shape) != expected_shape:
+        raise _error("out", f"expected shape {list(expected_shape)}, got {_shape(out)}")
+    if out.dtype != out_dtype:
+        raise _error("out", f"expected dtype {out_dtype} (out_dtype), got {out.dtype}")
+    if out.device != device:
+        raise _error("out", f"expected a tensor on {device}, got one on {out.device}")
+    if torch._debug_has_internal_overlap(out) != 0:
+        raise _error("out", "has internally overlapping memory (e.g. an expanded tensor)")
+    if not out.is_contiguous():
+        raise _error("out", f"must be contiguous (row-major), got strides {out.stride()}")
+    for name, other in others.items():
+        if isinstance(other, torch.Tensor) and _overlaps(out, other):
+            raise _error("out", f"overlaps argument '{name}' in memory")
+
+
+def scaled_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: float | torch.Tensor | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    found_inf: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``scale * (a @ b) + bias`` with fp32 accumulation and the scale, bias and checks in the kernel's epilogue.
+
+    Args:
+        a: [..., M, K] float16 or bfloat16, any strides (batch dimensions are flattened into M rows).
+        b: [K, N], same dtype as ``a``, any strides (``w.t()`` of a Linear weight is read as is).
+        scale: a Python float (host constant), or a float tensor on a's device (float32 after conversion; a 0-d
+            CPU tensor is copied over): one element (no host sync), per row: shape ``a.shape[:-1] + (1,)`` (e.g.
+            (M, 1)), or per column: (N,) / (1, N). These are exactly the shapes for which ``scale * (a @ b)``
+            broadcasts without growing the output; anything else (e.g. a 1-D tensor of length M ≠ N, which would
+            broadcast along columns) raises. ``None`` means 1.
+        bias: [N], any float dtype (added in fp32).
+        out_dtype: float16, bfloat16 or float32; default ``out.dtype`` if ``out`` is given, else ``a.dtype``.
+        out: [..., M, N] contiguous tensor to write (must not overlap the inputs).
+        accumulate: add into ``out`` (required) instead of overwriting it: ``out += scale * (a @ b) + bias``,
+            computed in fp32 from the old value (gradient accumulation into fp32 buffers).
+        found_inf: float32, 1 element: set to 1.0 when any output element as stored is inf/NaN (also from
+            overflow in the cast to fp16); never cleared. Computed in the epilogue, no extra pass, no host sync.
+        backend: "triton", "wmma" or "torch" (the reference); default: :func:`select_backend`.
+
+    Returns ``out`` (or a new [..., M, N] tensor). Is equivalent to
+    ``(scale * (a.float() @ b.float()) + bias).to(out_dtype)`` (with ``out += ...`` for ``accumulate``).
+
+    Under autocast (``torch.autocast``) ``a`` and ``b`` are cast to the autocast dtype like ``aten::mm`` does;
+    the scale, bias, flag and an explicit ``out``/``out_dtype`` are left alone. float32/float64 operands run only on
+    ``backend="torch"`` (the reference, computing in their precision), otherwise they raise.
+
+    Autograd (not with ``out``/``accumulate``): grads of a, b through the same kernels (the scale applied to both),
+    bias grad = Σ rows of grad_out, and the gradient of a scale tensor that requires grad (one extra matmul).
+    """
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        bad = "a" if not isinstance(a, torch.Tensor) else "b"
+        raise TypeError(f"ampkernels.scaled_matmul: argument '{bad}': expected a tensor")
+    if torch.is_autocast_enabled(a.device.type) and a.is_floating_point() and b.is_floating_point():
+        cast = torch.get_autocast_dtype(a.device.type)
+        a, b = a.to(cast), b.to(cast)
+    if a.ndim < 2:
+        raise _error("a", f"expected a tensor of at least 2 dimensions [..., M, K], got {_shape(a)}")
+    if b.ndim != 2:
+        raise _error("b", f"expected a 2-D tensor [K, N], got {_shape(b)}")
+    if a.shape[-1] != b.shape[0]:
+        raise _error("b", f"inner dimensions differ: a is {_shape(a)} (K={a.shape[-1]}), b is {_shape(b)}")
+    if b.device != a.device:
+        raise _error("b", f"expected a tensor on {a.device} (like a), got one on {b.device}")
+    if b.dtype != a.dtype:
+        raise _error("b", f"expected dtype {a.dtype} (like a), got {b.dtype}")
+
+    name = select_backend(a.device, backend)
+    # float32/float64 operands are accepted only when the reference is asked for by name: by default they are
+    # most likely a missing autocast, and silently running an fp32 matmul would hide that.
+    wide_ok = _requested_backend(backend) == "torch"
+    allowed = KERNEL_DTYPES + ((torch.float32, torch.float64) if wide_ok else ())
+    if a.dtype not in allowed:
+        hint = "" if wide_ok else "; cast, use torch.autocast, or pass backend='torch' for float32/float64"
+        raise _error("a", f"expected float16 or bfloat16, got {a.dtype}{hint}")
+    compute = torch.float64 if a.dtype == torch.float64 else torch.float32
+
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else a.dtype
+    out_allowed = OUT_DTYPES + ((torch.float64,) if wide_ok else ())
+    if out_dtype not in out_allowed:
+        raise _error("out_dtype", f"expected one of float16, bfloat16, float32, got {out_dtype}")
+    out_shape = (*a.shape[:-1], b.shape[1])
+    M, K, N = math.prod(a.shape[:-1]), b.shape[0], b.shape[1]
+
+    alpha, scale_t, mode = _normalize_scale(scale, a, out_shape, compute)
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"ampkernels.scaled_matmul: argument 'bias': expected a tensor, got {type(bias)}")
+        if bias.shape != (N,):
+            raise _error("bias", f"expected shape [{N}], got {_shape(bias)}")
+        if not bias.is_floating_point():
+            raise _error("bias", f"expected a floating-point tensor, got {bias.dtype}")
+        if bias.device != a.device:
+            raise _error("bias", f"expected a tensor on {a.device} (like a), got one on {bias.device}")
+        if bias.dtype not in (compute, a.dtype):
+            bias = bias.to(compute)
+        bias = bias.contiguous()
+    _check_found_inf(found_inf, a.device)
+    if accumulate and out is None:
+        raise _error("accumulate", "accumulate=True adds into `out`, which is missing")
+    if out is not None:
+        others = {"a": a, "b": b, "scale": scale_t, "bias": bias, "found_inf": found_inf}
+        _check_out(out, out_shape, out_dtype, a.device, others)
+
+    a2 = a if a.ndim == 2 else a.reshape(M, K)
+    tensors = (a, b, scale_t, bias)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    if needs_grad:
+        if out is not None:
+            raise _error("out", "out=/accumulate= do not support autograd (an input requires grad)")
+        result, flag = torch.ops.ampkernels.scaled_mm(
+            a2, b, scale_t, mode, alpha, bias, out_dtype, found_inf is not None, name
+        )
+        if found_inf is not None:
+            torch.maximum(found_inf.reshape(1), flag, out=found_inf.view(1))
+        return result.view(out_shape)
+    if out is None:
+        out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
+    torch.ops.ampkernels.scaled_mm_(a2, b, scale_t, mode, alpha, bias, out.view(M, N), accumulate, found_inf, name)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Module
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class ScaledLinear(torch.nn.Linear):
+    """Drop-in ``torch.nn.Linear`` (same constructor, initialization and state_dict keys) on
+    :func:`scaled_matmul`: ``y = output_scale * (x @ weight.T) + bias``, the scale and bias in the kernel's
+    epilogue.
+
+    Args (beyond ``nn.Linear``'s): output_scale: ``None`` (1), a float, or a tensor (one element, or per output
+        feature [out_features]); a tensor is kept as a non-persistent buffer, so state_dict keys stay ``weight`` and
+        ``bias``. backend: as :func:`scaled_matmul`.
+    float16/bfloat16 inputs (or autocast) run on the kernels; float32/float64 without autocast run on the reference
+    (``backend="torch"``), so the module works wherever ``nn.Linear`` does. Under autocast the bias stays fp32
+    (``nn.Linear`` would round it to the autocast dtype first).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        output_scale: float | torch.Tensor | None = None,
+        backend: str | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.backend = backend
+        if isinstance(output_scale, torch.Tensor):
+            self.register_buffer("output_scale", output_scale.detach().clone(), persistent=False)
+        else:
+            self.output_scale = output_scale
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        backend = self.backend
+        autocasting = torch.is_autocast_enabled(input.device.type)
+        if not autocasting and input.dtype in (torch.float32, torch.float64):
+            backend = "torch"
+        return scaled_matmul(input, self.weight.t(), self.output_scale, bias=self.bias, backend=backend)
+
+    def extra_repr(self) -> str:
+        if self.output_scale is None:
+            return super().extra_repr()
+        shown = "tensor" if isinstance(self.output_scale, torch.Tensor) else self.output_scale
+        return f"{super().extra_repr()}, output_scale={shown}"

@@ -1,0 +1,601 @@
+"""Triton kernels of ``ampkernels.scaled_matmul``: ``out (+)= scale * (a @ b) + bias`` with fp32 accumulation.
+
+Two persistent kernels share one epilogue:
+
+* ``_scaled_mm_tma_kernel`` (sm_90+): operands read through TMA tensor descriptors (host-side
+  ``triton.tools.tensor_descriptor.TensorDescriptor``), each operand row- or column-major (a transposed view is
+  read as is: the descriptor is built on the contiguous storage and the loaded tile is transposed in registers,
+  which wgmma takes directly from shared memory). The output is stored through a descriptor too when its rows are
+  16-byte aligned, optionally in two halves along N (less shared memory for the store, one more pipeline stage).
+* ``_scaled_mm_ptr_kernel`` (sm_80, and whatever TMA cannot take: 16-byte alignment of base and strides, K == 0):
+  plain pointer loads with any strides.
+
+The epilogue runs while the accumulator is fp32: per-tensor / per-row / per-column scale (``alpha * scale``),
+bias, accumulation into the old output (read as fp32), cast, and the non-finite check of the *stored* values:
+a tile writes 1.0 to ``found_inf`` only when it holds a non-finite value (all writers write the same value, so
+the race is benign; nothing is ever cleared).
+
+Launch code at the end: ``scaled_mm_(...)`` takes already-checked 2-D operands (see ``ampkernels/scaled_matmul.py``)
+and picks a config: measured per (GPU, dtypes, layouts, epilogue, M, N, K) for large problems, a heuristic for
+small ones and under the interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # triton >= 3.3 (the GPU machine has 3.6)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: pointer kernel only
+    TensorDescriptor = None
+
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+# scale_mode (a runtime argument: one compiled kernel serves all four; the unused factors are exactly 1.0).
+SCALE_NONE, SCALE_TENSOR, SCALE_ROW, SCALE_COL = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row-tiles share each column of B while it is in L2."""
+    tiles_per_group = GROUP_M * num_pid_n
+    first_m = (tile_id // tiles_per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    within = tile_id % tiles_per_group
+    return first_m + within % group_rows, within // group_rows
+
+
+@triton.jit
+def _scaled_values(acc, offs_m, offs_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, HAS_BIAS: tl.constexpr):
+    """fp32 ``acc * (alpha * scale) + bias`` for one tile (rows ``offs_m``, columns ``offs_n``)."""
+    if scale_mode == 1:
+        tile_factor = alpha * tl.load(scale_ptr)
+    elif scale_mode == 0:
+        tile_factor = alpha
+    else:
+        tile_factor = 1.0
+    # Vector factors load nothing unless their mode is on (masked loads) and are then exactly 1.0, so each mode
+    # rounds once, like the reference's acc * (alpha * scale).
+    row_factor = tl.load(scale_ptr + offs_m, mask=(offs_m < M) & (scale_mode == 2), other=1.0)
+    row_factor = tl.where(scale_mode == 2, row_factor * alpha, row_factor)
+    col_factor = tl.load(scale_ptr + offs_n, mask=(offs_n < N) & (scale_mode == 3), other=1.0)
+    col_factor = tl.where(scale_mode == 3, col_factor * alpha, col_factor)
+    v = acc * tile_factor * row_factor[:, None] * col_factor[None, :]
+    if HAS_BIAS:
+        v += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    return v
+
+
+@triton.jit
+def _flag_non_finite(stored, offs_m, offs_n, M, N, found_inf_ptr):
+    """found_inf = 1.0 when an in-bounds stored value is inf or NaN (|x| <= MAX is false for both)."""
+    finite = tl.abs(stored.to(tl.float32)) <= _FLT_MAX
+    bad = (~finite) & (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if tl.max(bad.to(tl.int32)) > 0:
+        tl.store(found_inf_ptr, 1.0)
+
+
+@triton.jit
+def _epilogue_tma(
+    acc,
+    off_m,
+    off_n,
+    M,
+    N,
+    alpha,
+    scale_ptr,
+    scale_mode,
+    bias_ptr,
+    out_desc,
+    out_ptr,
+    stride_om,
+    found_inf_ptr,
+    HAS_BIAS: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    CHECK_FINITE: tl.constexpr,
+    OUT_TMA: tl.constexpr,
+    SUB_M: tl.constexpr,
+    SUB_N: tl.constexpr,
+):
+    offs_m = off_m + tl.arange(0, SUB_M)
+    offs_n = off_n + tl.arange(0, SUB_N)
+    v = _scaled_values(acc, offs_m, offs_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, HAS_BIAS)
+    if OUT_TMA:
+        if ACCUMULATE:
+            v += out_desc.load([off_m, off_n]).to(tl.float32)
+        stored = v.to(out_desc.dtype)
+        out_desc.store([off_m, off_n], stored)
+    else:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        if ACCUMULATE:
+            v += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        stored = v.to(out_ptr.dtype.element_ty)
+        tl.store(ptrs, stored, mask=mask)
+    if CHECK_FINITE:
+        _flag_non_finite(stored, offs_m, offs_n, M, N, found_inf_ptr)
+
+
+@triton.jit
+def _scaled_mm_tma_kernel(
+    a_desc,
+    b_desc,
+    out_desc,
+    out_ptr,
+    scale_ptr,
+    bias_ptr,
+    found_inf_ptr,
+    M,
+    N,
+    K,
+    alpha,
+    scale_mode,
+    stride_om,
+    A_COL_MAJOR: tl.constexpr,
+    B_COL_MAJOR: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    CHECK_FINITE: tl.constexpr,
+    OUT_TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPILOGUE_SPLIT: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    FLATTEN: tl.constexpr,
+):
+    """Persistent TMA matmul. Descriptors: a [M, K] (A_COL_MAJOR: [K, M] storage), b [K, N] (B_COL_MAJOR: [N, K]
+    storage), out [M, N] with block [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT]. OOB tiles read as zeros (K tail too)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            if A_COL_MAJOR:
+                a = a_desc.load([off_k, off_m]).T
+            else:
+                a = a_desc.load([off_m, off_k])
+            if B_COL_MAJOR:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if UPCAST:  # the interpreter's bf16 dot is wrong; fp32 products of 16-bit inputs are exact
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+        if EPILOGUE_SPLIT == 2:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            acc_left, acc_right = tl.split(halves)
+            _epilogue_tma(
+                acc_left, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
+                stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+            )  # fmt: skip
+            _epilogue_tma(
+                acc_right, off_m, off_n + BLOCK_N // 2, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc,
+                out_ptr, stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+            )  # fmt: skip
+        else:
+            _epilogue_tma(
+                acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
+                found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N,
+            )  # fmt: skip
+
+
+@triton.jit
+def _scaled_mm_ptr_kernel(
+    a_ptr,
+    b_ptr,
+    out_ptr,
+    scale_ptr,
+    bias_ptr,
+    found_inf_ptr,
+    M,
+    N,
+    K,
+    alpha,
+    scale_mode,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    CHECK_FINITE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+):
+    """Persistent pointer-based matmul for any strides (a [M, K], b [K, N]); out is row-major [M, N]."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # Rows/columns past the edge re-read row/column 0 (always valid) instead of masking every load.
+        rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+        cols = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+        a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            k_left = K - ki * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        v = _scaled_values(acc, offs_m, offs_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, HAS_BIAS)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        if ACCUMULATE:
+            v += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+        stored = v.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptrs, stored, mask=mask)
+        if CHECK_FINITE:
+            _flag_non_finite(stored, offs_m, offs_n, M, N, found_inf_ptr)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    num_warps: int
+    group_m: int = 8
+    epilogue_split: int = 1  # TMA kernel: store the tile in this many pieces along N
+    flatten: bool = False  # TMA kernel: tl.range(flatten=True) lets the next tile's loads overlap this epilogue
+    programs_per_sm: int = 1
+
+    def describe(self) -> str:
+        extra = f" split{self.epilogue_split}" if self.epilogue_split > 1 else ""
+        extra += " flat" if self.flatten else ""
+        return (
+            f"{self.block_m}x{self.block_n}x{self.block_k} s{self.num_stages} w{self.num_warps} g{self.group_m}"
+            f"{extra} x{self.programs_per_sm}/SM"
+        )
+
+
+# NOTE: sm_90 shared memory is 227 KB per block: 128x256x64 bf16 is 48 KB a stage, so 3 stages plus a 128x128 store
+# buffer fit, 4 stages only with a 16-bit output split in two. The candidates follow tutorial 09's space
+# (128 x 128-256 x 64, 3-4 stages, 8 warps) plus the square-tile variants; see dev/scaled_matmul_tuning.md.
+HOPPER_TMA_CONFIGS = (
+    Config(128, 256, 64, 3, 8, epilogue_split=2),
+    Config(128, 256, 64, 3, 8, epilogue_split=2, flatten=True),
+    Config(128, 256, 64, 4, 8, epilogue_split=2),
+    Config(128, 128, 64, 4, 8),
+    Config(256, 128, 64, 3, 8),
+)
+HOPPER_SMALL = Config(128, 128, 64, 4, 4)
+# Ampere (and sm_90 fallbacks through pointers): 164 KB of shared memory, cp.async pipelines of 3-4 stages.
+POINTER_CONFIGS = (
+    Config(128, 256, 32, 3, 8),
+    Config(128, 128, 32, 4, 4),
+    Config(128, 128, 64, 3, 4),
+    Config(64, 128, 32, 4, 4, programs_per_sm=2),
+)
+POINTER_SMALL = Config(64, 128, 32, 4, 4, programs_per_sm=2)
+INTERPRETER_CONFIG = Config(32, 32, 32, 1, 4, group_m=2)
+# Below this many multiply-adds a problem runs in microseconds: tuning it would cost more than it saves.
+TUNE_MIN_MACS = 2**30
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get("AMPKERNELS_TUNE", "1") != "0" and not interpreting()
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def _num_programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: a few programs exercise the persistent loop
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _uses_tma(device: torch.device) -> bool:
+    if TensorDescriptor is None:
+        return False
+    if device.type != "cuda":
+        return interpreting()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index)[0] >= 9
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """Row- or column-major 2-D with a 16-byte aligned base and leading stride (TMA's rules)."""
+    if t.data_ptr() % 16:
+        return False
+    rows, cols = t.shape
+    if t.stride(1) == 1 and t.stride(0) >= cols:
+        lead = t.stride(0)
+    elif t.stride(0) == 1 and t.stride(1) >= rows:
+        lead = t.stride(1)
+    else:
+        return False
+    return (lead * t.element_size()) % 16 == 0
+
+
+def _col_major(t: torch.Tensor) -> bool:
+    rows, cols = t.shape
+    return not (t.stride(1) == 1 and t.stride(0) >= cols) and t.stride(0) == 1
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Launch
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: torch.Tensor | None
+    scale_mode: int
+    alpha: float
+    bias: torch.Tensor | None
+    out: torch.Tensor
+    accumulate: bool
+    found_inf: torch.Tensor | None
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def _launch_tma(p: Problem, cfg: Config, a_col: bool, b_col: bool, out_tma: bool) -> None:
+    M, K = p.a.shape
+    N = p.b.shape[1]
+    a = p.a
+    if a_col:
+        a_desc = TensorDescriptor(a, [K, M], [a.stride(1), 1], [cfg.block_k, cfg.block_m])
+    else:
+        a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
+    b = p.b
+    if b_col:
+        b_desc = TensorDescriptor(b, [N, K], [b.stride(1), 1], [cfg.block_n, cfg.block_k])
+    else:
+        b_desc = TensorDescriptor(b, [K, N], [b.stride(0), 1], [cfg.block_k, cfg.block_n])
+    out = p.out
+    out_desc = None
+    if out_tma:
+        out_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [cfg.block_m, cfg.block_n // cfg.epilogue_split])
+    num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    programs = max(1, min(num_tiles, _num_programs(out.device) * cfg.programs_per_sm))
+    dummy = _dummy(out.device) if p.scale is None or p.bias is None or p.found_inf is None else None
+    _scaled_mm_tma_kernel[(programs,)](
+        a_desc,
+        b_desc,
+        out_desc,
+        out,
+        p.scale if p.scale is not None else dummy,
+        p.bias if p.bias is not None else dummy,
+        p.found_inf if p.found_inf is not None else dummy,
+        M,
+        N,
+        K,
+        p.alpha,
+        p.scale_mode,
+        out.stride(0),
+        A_COL_MAJOR=a_col,
+        B_COL_MAJOR=b_col,
+        HAS_BIAS=p.bias is not None,
+        ACCUMULATE=p.accumulate,
+        CHECK_FINITE=p.found_inf is not None,
+        OUT_TMA=out_tma,
+        UPCAST=interpreting(),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        EPILOGUE_SPLIT=cfg.epilogue_split,
+        NUM_PROGRAMS=programs,
+        FLATTEN=cfg.flatten,
+        num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps,
+    )
+
+
+def _launch_ptr(p: Problem, cfg: Config) -> None:
+    M, K = p.a.shape
+    N = p.b.shape[1]
+    out = p.out
+    num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    programs = max(1, min(num_tiles, _num_programs(out.device) * cfg.programs_per_sm))
+    dummy = _dummy(out.device) if p.scale is None or p.bias is None or p.found_inf is None else None
+    _scaled_mm_ptr_kernel[(programs,)](
+        p.a,
+        p.b,
+        out,
+        p.scale if p.scale is not None else dummy,
+        p.bias if p.bias is not None else dummy,
+        p.found_inf if p.found_inf is not None else dummy,
+        M,
+        N,
+        K,
+        p.alpha,
+        p.scale_mode,
+        p.a.stride(0),
+        p.a.stride(1),
+        p.b.stride(0),
+        p.b.stride(1),
+        out.stride(0),
+        HAS_BIAS=p.bias is not None,
+        ACCUMULATE=p.accumulate,
+        CHECK_FINITE=p.found_inf is not None,
+        UPCAST=interpreting(),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        NUM_PROGRAMS=programs,
+        num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps,
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which kernel runs a problem: ``kind`` is "tma" or "pointer"; layouts as the TMA kernel reads them."""
+
+    kind: str
+    a_col: bool = False
+    b_col: bool = False
+    out_tma: bool = False
+
+
+def plan_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, force: str | None = None) -> Plan:
+    """TMA when the GPU has it and both operands meet its alignment rules (K == 0 has no descriptor)."""
+    use_tma = force != "pointer" and _uses_tma(out.device) and a.shape[1] > 0 and _tma_ok(a) and _tma_ok(b)
+    if not use_tma:
+        return Plan("pointer")
+    out_tma = out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0
+    return Plan("tma", _col_major(a), _col_major(b), out_tma)
+
+
+def _launch(p: Problem, plan: Plan, cfg: Config) -> None:
+    if plan.kind == "tma":
+        _launch_tma(p, cfg, plan.a_col, plan.b_col, plan.out_tma)
+    else:
+        _launch_ptr(p, cfg)
+
+
+def _candidates(plan: Plan, out: torch.Tensor) -> tuple[Config, ...]:
+    if plan.kind == "tma":
+        configs = HOPPER_TMA_CONFIGS
+        if out.element_size() == 4 or not plan.out_tma:  # no room (or no use) for the split store's 4th stage
+            configs = tuple(c for c in configs if c.num_stages < 4 or c.block_n < 256)
+        return configs
+    return POINTER_CONFIGS
+
+
+def _heuristic(plan: Plan, M: int, N: int, K: int, device: torch.device) -> Config:
+    if device.type != "cuda":
+        return INTERPRETER_CONFIG
+    large = M * N * K >= TUNE_MIN_MACS
+    if plan.kind == "tma":
+        return HOPPER_TMA_CONFIGS[0] if large else HOPPER_SMALL
+    return POINTER_CONFIGS[0] if large and _capability(device.index or 0)[0] >= 8 else POINTER_SMALL
+
+
+_TUNED: dict[tuple, Config] = {}
+TUNING_LOG: list[dict] = []  # what each tuning measured (read by the benchmark and dev notes)
+
+
+def _tune(p: Problem, plan: Plan, key: tuple) -> Config:
+    scratch_out = torch.zeros_like(p.out)
+    scratch_flag = torch.zeros(1, dtype=torch.float32, device=p.out.device) if p.found_inf is not None else None
+    trial = Problem(p.a, p.b, p.scale, p.scale_mode, p.alpha, p.bias, scratch_out, p.accumulate, scratch_flag)
+    timings: dict[Config, float] = {}
+    for cfg in _candidates(plan, p.out):
+        try:
+            timings[cfg] = triton.testing.do_bench(lambda cfg=cfg: _launch(trial, plan, cfg), warmup=5, rep=25)
+        except Exception as exc:  # out of shared memory / registers on this GPU: not a candidate here
+            warnings.warn(
+                f"ampkernels.scaled_matmul: config {cfg.describe()} failed: {type(exc).__name__}", stacklevel=3
+            )
+    if not timings:
+        raise RuntimeError("ampkernels.scaled_matmul: no Triton config compiled for this problem")
+    best = min(timings, key=timings.get)
+    TUNING_LOG.append({"key": repr(key), "ms": {c.describe(): t for c, t in timings.items()}, "best": best.describe()})
+    return best
+
+
+def choose_config(p: Problem, plan: Plan) -> Config:
+    M, K = p.a.shape
+    N = p.b.shape[1]
+    device = p.out.device
+    if not tuning_enabled() or device.type != "cuda" or M * N * K < TUNE_MIN_MACS:
+        return _heuristic(plan, M, N, K, device)
+    key = (
+        torch.cuda.get_device_name(device),
+        p.a.dtype,
+        p.out.dtype,
+        plan,
+        p.bias is not None,
+        p.accumulate,
+        p.found_inf is not None,
+        M,
+        N,
+        K,
+    )
+    cfg = _TUNED.get(key)
+    if cfg is None:
+        cfg = _TUNED[key] = _tune(p, plan, key)
+    return cfg
+
+
+def scaled_mm_(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_mode: int,
+    alpha: float,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    accumulate: bool,
+    found_inf: torch.Tensor | None,
+    *,
+    config: Config | None = None,
+    force: str | None = None,
+) -> None:
+    """``out (+)= alpha * scale * (a @ b) + bias`` on checked inputs (same contract as the WMMA op).
+
+    a: [M, K], b: [K, N], fp16/bf16, any strides (TMA when aligned row/column-major); scale: float32 per
+    ``scale_mode`` (0 none, 1 one element, 2 [M], 3 [N]); bias: [N] fp32 or a's dtype; out: [M, N] with unit column
+    stride; found_inf: 1-element float32 or None. ``config``/``force`` ("pointer"): for tests and tuning.
+    """
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0:
+        return
+    p = Problem(a, b, scale, scale_mode, float(alpha), bias, out, accumulate, found_inf)
+    plan = plan_for(a, b, out, force)
+    _launch(p, plan, config or choose_config(p, plan))

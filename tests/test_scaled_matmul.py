@@ -1,0 +1,489 @@
+"""ampkernels.scaled_matmul against a float64 reference, with torch's own low-precision error as the yardstick.
+
+Accuracy rule: ‖ours − ref64‖ / ‖ref64‖ ≤ 2 × the same error of the stock path ``(a @ b) * scale + bias`` computed
+by torch in the low-precision dtype (+ a tiny eps). On CPU the Triton kernels run under TRITON_INTERPRET=1, whose
+bf16 casts truncate instead of rounding: there a bf16 *output* gets a 3x bound and one bf16 ulp (2^-7) of slack.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+import ampkernels
+from ampkernels import reference
+from ampkernels.scaled_matmul import ScaledLinear, scaled_matmul
+
+# The package attribute `ampkernels.scaled_matmul` is the function; the module is reached by its import path.
+sm_module = importlib.import_module("ampkernels.scaled_matmul")
+
+LOW = [torch.float16, torch.bfloat16]
+SCALE_KINDS = ["none", "float", "tensor0d", "row", "col"]
+LAYOUTS = ["nn", "nt", "tn", "tt"]  # a, b stored row-major (n) or as a transposed view (t)
+SMALL_SHAPES = [(1, 1, 1), (17, 33, 65), (64, 64, 64), (40, 24, 13)]  # K = 13: not a multiple of 8
+GPU_SHAPES = [(123, 4097, 511), (256, 512, 1024)]
+
+
+def _backends(device: str) -> list[str]:
+    names = ["triton", "torch"]
+    if device == "cuda" and sm_module.why_not("wmma", torch.device("cuda")) is None:
+        names.append("wmma")
+    return names
+
+
+def _interpreted(device: str, backend: str) -> bool:
+    return device == "cpu" and backend == "triton"
+
+
+def _operand(rows: int, cols: int, dtype, device, transposed: bool, magnitude: float = 1.0) -> torch.Tensor:
+    """[rows, cols] random (never zero-filled); ``transposed``: a column-major view of a [cols, rows] tensor."""
+    if transposed:
+        return (torch.randn(cols, rows, device=device) * magnitude).to(dtype).t()
+    return (torch.randn(rows, cols, device=device) * magnitude).to(dtype)
+
+
+def _scale(kind: str, M: int, N: int, device, batch: tuple[int, ...] = ()):
+    if kind == "none":
+        return None
+    if kind == "float":
+        return 0.37
+    if kind == "tensor0d":
+        return torch.tensor(1.7, device=device)
+    if kind == "row":
+        return torch.rand(*batch, M, 1, device=device) + 0.5
+    return torch.rand(N, device=device) + 0.5
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    denominator = ref.norm().item()
+    return (x.double() - ref).norm().item() / (denominator if denominator > 0 else 1.0)
+
+
+def _ref64(a, b, scale, bias=None, old=None):
+    v = a.double() @ b.double()
+    if scale is not None:
+        v = v * (scale.double() if isinstance(scale, torch.Tensor) else scale)
+    if bias is not None:
+        v = v + bias.double()
+    return v if old is None else old.double() + v
+
+
+def _stock(a, b, scale, bias, out_dtype):
+    """What torch does in the low-precision dtype, unfused."""
+    v = a @ b
+    if scale is not None:
+        v = v * scale
+    if bias is not None:
+        v = v + bias.to(v.dtype)
+    return v.to(out_dtype)
+
+
+def _assert_accuracy(ours, stock, ref, *, interpreted_bf16_out: bool):
+    factor, eps = (3.0, 2.0**-7) if interpreted_bf16_out else (2.0, 1e-6)
+    ours_err, stock_err = _rel_err(ours, ref), _rel_err(stock, ref)
+    assert ours_err <= factor * stock_err + eps, f"error {ours_err:.3e} vs stock {stock_err:.3e}"
+
+
+def _check(a, b, scale, *, bias=None, out_dtype=None, backend, device):
+    out_dtype = out_dtype or a.dtype
+    M, N = a.shape[0], b.shape[1]
+    poisoned = torch.full((M, N), float("nan"), dtype=out_dtype, device=device)  # every element must be written
+    flag = torch.zeros(1, device=device)
+    result = scaled_matmul(a, b, scale, bias=bias, out=poisoned, found_inf=flag, backend=backend)
+    assert result is poisoned and result.dtype == out_dtype
+    assert flag.item() == 0.0, "found_inf set on finite outputs"
+    _assert_accuracy(
+        result,
+        _stock(a, b, scale, bias, out_dtype),
+        _ref64(a, b, scale, bias),
+        interpreted_bf16_out=_interpreted(device, backend) and out_dtype == torch.bfloat16,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Accuracy
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("scale_kind", SCALE_KINDS)
+@pytest.mark.parametrize("shape", SMALL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
+def test_matches_reference(device, dtype, shape, scale_kind, layout):
+    torch.manual_seed(hash((shape, scale_kind, layout)) % 2**31)
+    M, N, K = shape
+    a = _operand(M, K, dtype, device, layout[0] == "t")
+    b = _operand(K, N, dtype, device, layout[1] == "t")
+    scale = _scale(scale_kind, M, N, device)
+    for backend in _backends(device):
+        _check(a, b, scale, backend=backend, device=device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
+def test_large_shapes_on_gpu(dtype, shape, layout):
+    torch.manual_seed(1)
+    M, N, K = shape
+    a = _operand(M, K, dtype, "cuda", layout[0] == "t")
+    b = _operand(K, N, dtype, "cuda", layout[1] == "t")
+    for backend in _backends("cuda"):
+        for kind in ("tensor0d", "row", "col"):
+            _check(a, b, _scale(kind, M, N, "cuda"), bias=torch.randn(N, device="cuda"), backend=backend, device="cuda")
+
+
+@pytest.mark.parametrize("bias_dtype", [torch.float32, "same"])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
+def test_out_dtype_and_bias(device, dtype, out_dtype, bias_dtype):
+    torch.manual_seed(2)
+    a, b = _operand(33, 40, dtype, device, False), _operand(40, 48, dtype, device, True)
+    bias = torch.randn(48, device=device).to(dtype if bias_dtype == "same" else bias_dtype)
+    for backend in _backends(device):
+        _check(
+            a, b, torch.rand(48, device=device) + 0.5, bias=bias, out_dtype=out_dtype, backend=backend, device=device
+        )
+
+
+@pytest.mark.parametrize("scale_kind", ["tensor0d", "row", "col"])
+def test_batched_a(device, scale_kind):
+    torch.manual_seed(3)
+    a = torch.randn(2, 3, 8, 24, device=device).to(torch.float16)
+    b = torch.randn(24, 40, device=device).to(torch.float16)
+    scale = _scale(scale_kind, 8, 40, device, batch=(2, 3))
+    for backend in _backends(device):
+        result = scaled_matmul(a, b, scale, backend=backend)
+        assert result.shape == (2, 3, 8, 40)
+        _assert_accuracy(result, _stock(a, b, scale, None, a.dtype), _ref64(a, b, scale), interpreted_bf16_out=False)
+
+
+def test_strided_and_misaligned_operands(device):
+    """Views TMA cannot take (every other column, a 2-byte offset) run through the pointer kernel."""
+    torch.manual_seed(4)
+    wide = torch.randn(48, 80, device=device).to(torch.bfloat16)
+    a = wide[:, ::2]  # [48, 40], column stride 2
+    b = torch.randn(40 * 72 + 1, device=device).to(torch.bfloat16)[1:].view(40, 72)  # base offset by 2 bytes
+    assert b.data_ptr() % 16 != 0
+    for backend in _backends(device):
+        _check(a, b, 2.0, bias=torch.randn(72, device=device), backend=backend, device=device)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(block_m=32, block_n=64, block_k=32, epilogue_split=2),
+        dict(block_m=32, block_n=32, block_k=16, flatten=True),
+    ],
+    ids=["split-epilogue", "flatten"],
+)
+@pytest.mark.parametrize("force", [None, "pointer"])
+def test_triton_kernel_variants(device, config, force):
+    """The config knobs the tuner picks between compute the same function (TMA store split in two, flattened
+    persistent loop, and the pointer kernel on operands that TMA could take)."""
+    from ampkernels.triton import scaled_matmul as triton_sm
+
+    if force is None and config.get("epilogue_split", 1) > 1 and device == "cuda":
+        pytest.skip("tiny split-store config is for the interpreter; GPUs tune their own")
+    torch.manual_seed(5)
+    cfg = triton_sm.Config(num_stages=2, num_warps=4, group_m=2, **config)
+    a, b = _operand(70, 64, torch.float16, device, False), _operand(64, 96, torch.float16, device, True)
+    scale = torch.rand(70, device=device) + 0.5
+    bias = torch.randn(96, device=device)
+    old = torch.randn(70, 96, device=device)
+    out = old.clone()
+    flag = torch.zeros(1, device=device)
+    triton_sm.scaled_mm_(a, b, scale, 2, 0.5, bias, out, True, flag, config=cfg, force=force)
+    expected = _ref64(a, b, scale[:, None] * 0.5, bias, old)
+    assert _rel_err(out, expected) < 1e-5
+    assert flag.item() == 0.0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# accumulate, found_inf, empty dims
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_accumulate(device, out_dtype):
+    torch.manual_seed(6)
+    a, b = _operand(50, 64, torch.bfloat16, device, True), _operand(64, 36, torch.bfloat16, device, False)
+    bias = torch.randn(36, device=device)
+    for backend in _backends(device):
+        old = torch.randn(50, 36, device=device).to(out_dtype)
+        out = old.clone()
+        returned = scaled_matmul(a, b, 0.25, bias=bias, out=out, accumulate=True, backend=backend)
+        assert returned is out
+        expected = _ref64(a, b, 0.25, bias, old)
+        stock = (old.float() + _stock(a, b, 0.25, bias, torch.float32)).to(out_dtype)
+        _assert_accuracy(
+            out, stock, expected, interpreted_bf16_out=_interpreted(device, backend) and out_dtype == torch.bfloat16
+        )
+
+
+def test_found_inf_on_fp16_overflow(device):
+    """Products beyond 65504 overflow in the cast to fp16 (only in one tile): flagged; with fp32 output they are
+    finite and not flagged; a set flag is never cleared."""
+    torch.manual_seed(7)
+    a, b = _operand(64, 64, torch.float16, device, False), _operand(64, 64, torch.float16, device, False)
+    a[40:, :] *= 500.0
+    b[:, 50:] *= 500.0  # rows >= 40 x columns >= 50: |a@b| ~ 500 * 500 * 8 > 65504
+    for backend in _backends(device):
+        flag = torch.zeros(1, device=device)
+        result = scaled_matmul(a, b, 1.0, found_inf=flag, backend=backend)
+        assert flag.item() == 1.0
+        assert not torch.isfinite(result[40:, 50:]).all() and torch.isfinite(result[:40]).all()
+        flag32 = torch.zeros(1, device=device)
+        result32 = scaled_matmul(a, b, 1.0, out_dtype=torch.float32, found_inf=flag32, backend=backend)
+        assert flag32.item() == 0.0 and torch.isfinite(result32).all()
+        sticky = torch.ones((), device=device)
+        scaled_matmul(a[:40], b, 1.0, found_inf=sticky, backend=backend)
+        assert sticky.item() == 1.0
+
+
+@pytest.mark.parametrize("where", ["first", "last", "middle"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_non_finite_inputs_propagate_and_flag(device, where, value):
+    torch.manual_seed(8)
+    a, b = _operand(70, 48, torch.bfloat16, device, False), _operand(48, 66, torch.bfloat16, device, False)
+    row = {"first": 0, "last": 69, "middle": 35}[where]
+    a[row, 7] = value
+    for backend in _backends(device):
+        flag = torch.zeros(1, device=device)
+        result = scaled_matmul(a, b, torch.tensor(0.5, device=device), found_inf=flag, backend=backend)
+        assert flag.item() == 1.0
+        assert not torch.isfinite(result[row]).any()
+        others = torch.cat([result[:row], result[row + 1 :]])
+        assert torch.isfinite(others).all()
+
+
+@pytest.mark.parametrize("empty", ["M", "N", "K"])
+def test_empty_dims(device, empty):
+    M, N, K = (0 if empty == "M" else 9), (0 if empty == "N" else 10), (0 if empty == "K" else 11)
+    a, b = torch.randn(M, K, device=device).half(), torch.randn(K, N, device=device).half()
+    bias = torch.randn(N, device=device)
+    for backend in _backends(device):
+        flag = torch.zeros(1, device=device)
+        result = scaled_matmul(a, b, 3.0, bias=bias, found_inf=flag, backend=backend)
+        assert result.shape == (M, N) and flag.item() == 0.0
+        torch.testing.assert_close(result, bias.half().expand(M, N))  # K == 0: scale * 0 + bias
+        out = torch.randn(M, N, device=device)
+        old = out.clone()
+        scaled_matmul(a, b, 3.0, bias=bias, out=out, accumulate=True, backend=backend)
+        torch.testing.assert_close(out, old + bias)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Autograd, autocast, torch.library
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale_kind", SCALE_KINDS)
+def test_gradcheck_reference_fp64(scale_kind):
+    torch.manual_seed(9)
+    a = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    scale = _scale(scale_kind, 5, 6, "cpu", batch=(2,))
+    if isinstance(scale, torch.Tensor):
+        scale = scale.double().requires_grad_()
+    inputs = (a, b, bias) + ((scale,) if isinstance(scale, torch.Tensor) else ())
+
+    def fn(a, b, bias, *maybe_scale):
+        return scaled_matmul(a, b, maybe_scale[0] if maybe_scale else scale, bias=bias, backend="torch")
+
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("scale_kind", ["float", "tensor0d", "row", "col"])
+@pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
+def test_backward_matches_reference(device, dtype, scale_kind):
+    """Grads of a, b (and bias, scale) through the Triton kernels vs float64, bounded by stock autograd's error."""
+    torch.manual_seed(10)
+    M, K, N = 48, 40, 56
+    a0, b0 = _operand(M, K, dtype, device, False), _operand(K, N, dtype, device, True)
+    bias0 = torch.randn(N, device=device)
+    scale0 = _scale(scale_kind, M, N, device)
+    grad = torch.randn(M, N, device=device).to(dtype)
+    tensor_scale = isinstance(scale0, torch.Tensor)
+
+    def grads(fn, cast):
+        a, b, bias = a0.to(cast).requires_grad_(), b0.to(cast).requires_grad_(), bias0.to(cast).requires_grad_()
+        scale = scale0.to(cast).requires_grad_() if tensor_scale else scale0
+        fn(a, b, scale, bias).backward(grad.to(cast))
+        return [a.grad, b.grad, bias.grad] + ([scale.grad] if tensor_scale else [])
+
+    expected = grads(lambda a, b, s, bias: _ref64(a, b, s, bias), torch.float64)
+    stock = grads(lambda a, b, s, bias: _stock(a, b, s, bias, dtype), dtype)
+    ours = grads(lambda a, b, s, bias: scaled_matmul(a, b, s, bias=bias, backend="triton"), dtype)
+    for name, mine, theirs, ref in zip(["a", "b", "bias", "scale"], ours, stock, expected):
+        assert mine.shape == ref.shape and mine.dtype == theirs.dtype, name
+        ours_err, stock_err = _rel_err(mine, ref), _rel_err(theirs, ref)
+        slack = 2.0**-7 if device == "cpu" and dtype == torch.bfloat16 else 1e-6  # interpreter truncation
+        assert ours_err <= 3.0 * stock_err + slack, f"grad {name}: {ours_err:.3e} vs stock {stock_err:.3e}"
+
+
+@pytest.mark.parametrize("cast", LOW, ids=["fp16", "bf16"])
+def test_autocast_casts_operands_only(device, cast):
+    torch.manual_seed(11)
+    a, b = torch.randn(20, 32, device=device), torch.randn(32, 24, device=device)
+    scale = torch.rand(24, device=device) + 0.5
+    with torch.autocast(device, dtype=cast):
+        result = scaled_matmul(a, b.t().contiguous().t(), scale, backend="triton")
+        result32 = scaled_matmul(a, b, scale, out_dtype=torch.float32, backend="triton")
+        stock = torch.mm(a, b)
+    assert result.dtype == cast == stock.dtype and result32.dtype == torch.float32
+    assert scale.dtype == torch.float32
+    expected = scaled_matmul(a.to(cast), b.to(cast), scale, backend="triton")
+    assert torch.equal(result, expected)
+    assert _rel_err(result32, _ref64(a.to(cast), b.to(cast), scale)) < 1e-5
+
+
+def test_autocast_backward_reaches_fp32_leaves(device):
+    a = torch.randn(16, 32, device=device, requires_grad=True)
+    b = torch.randn(32, 8, device=device, requires_grad=True)
+    with torch.autocast(device, dtype=torch.float16):
+        scaled_matmul(a, b, 2.0, backend="triton").float().sum().backward()
+    assert a.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
+    torch.testing.assert_close(a.grad, 2.0 * b.detach().half().float().sum(1).expand(16, 32), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_opcheck(device, backend):
+    torch.manual_seed(12)
+    a, b = torch.randn(16, 24, device=device).half(), torch.randn(24, 8, device=device).half()
+    scale, bias = torch.rand(16, device=device), torch.randn(8, device=device)
+    out, flag = torch.empty(16, 8, device=device), torch.zeros(1, device=device)
+    torch.library.opcheck(torch.ops.ampkernels.scaled_mm_, (a, b, scale, 2, 1.5, bias, out, False, flag, backend))
+    torch.library.opcheck(
+        torch.ops.ampkernels.scaled_mm,
+        (a.requires_grad_(), b, scale, 2, 1.5, bias, torch.float32, True, backend),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
+
+
+def test_torch_compile_traces_the_op():
+    a, b = torch.randn(16, 24).half(), torch.randn(24, 8).half()
+    scale = torch.tensor(0.5)
+    compiled = torch.compile(
+        lambda a, b, s: scaled_matmul(a, b, s, backend="torch") + 1, backend="eager", fullgraph=True
+    )
+    torch.testing.assert_close(compiled(a, b, scale), scaled_matmul(a, b, scale, backend="torch") + 1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _bad_cases():
+    a, b = torch.randn(8, 16).half(), torch.randn(16, 12).half()
+    return {
+        "inner dims": (lambda: scaled_matmul(a, torch.randn(15, 12).half(), 1.0), "'b'.*inner"),
+        "dtypes": (lambda: scaled_matmul(a, b.bfloat16(), 1.0), "'b'.*dtype"),
+        "devices": (lambda: scaled_matmul(a, b.to("meta"), 1.0), "'b'.*meta"),
+        "fp32": (lambda: scaled_matmul(a.float(), b.float(), 1.0), "'a'.*float32"),
+        "int": (lambda: scaled_matmul(a.long(), b.long(), 1.0, backend="torch"), "'a'.*int64"),
+        "1-D a": (lambda: scaled_matmul(a[0], b, 1.0), "'a'"),
+        "3-D b": (lambda: scaled_matmul(a, b[None], 1.0), "'b'"),
+        "scale length M": (lambda: scaled_matmul(a, b, torch.ones(8)), "'scale'.*per row"),
+        "scale full": (lambda: scaled_matmul(a, b, torch.ones(8, 12)), "'scale'"),
+        "scale dtype": (lambda: scaled_matmul(a, b, torch.ones(12, dtype=torch.int32)), "'scale'.*floating"),
+        "scale ndim": (lambda: scaled_matmul(a, b, torch.ones(1, 1, 12)), "'scale'.*dimensions"),
+        "scale type": (lambda: scaled_matmul(a, b, "2"), "'scale'"),
+        "bias shape": (lambda: scaled_matmul(a, b, 1.0, bias=torch.ones(8)), "'bias'"),
+        "out shape": (lambda: scaled_matmul(a, b, 1.0, out=torch.empty(12, 8).half()), "'out'.*shape"),
+        "out dtype": (
+            lambda: scaled_matmul(a, b, 1.0, out_dtype=torch.float32, out=torch.empty(8, 12).half()),
+            "dtype",
+        ),
+        "out layout": (lambda: scaled_matmul(a, b, 1.0, out=torch.empty(12, 8).half().t()), "'out'.*contiguous"),
+        "out overlapping": (
+            lambda: scaled_matmul(a, b, 1.0, out=torch.empty(12).half().expand(8, 12)),
+            "'out'.*overlap",
+        ),
+        "out aliases a": (lambda: scaled_matmul(a, b[:, :8].contiguous(), 1.0, out=a[:, :8]), "'out'"),
+        "out_dtype": (lambda: scaled_matmul(a, b, 1.0, out_dtype=torch.int32), "'out_dtype'"),
+        "accumulate": (lambda: scaled_matmul(a, b, 1.0, accumulate=True), "'accumulate'"),
+        "found_inf": (lambda: scaled_matmul(a, b, 1.0, found_inf=torch.zeros(1, dtype=torch.float16)), "'found_inf'"),
+        "backend": (lambda: scaled_matmul(a, b, 1.0, backend="cublas"), "'backend'"),
+        "wmma on cpu": (lambda: scaled_matmul(a, b, 1.0, backend="wmma"), "wmma"),
+        "out + grad": (lambda: scaled_matmul(a.requires_grad_(), b, 1.0, out=torch.empty(8, 12).half()), "'out'.*grad"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_cases()))
+def test_bad_input_names_the_argument(case):
+    call, pattern = _bad_cases()[case]
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=pattern):
+        call()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ScaledLinear, backend choice
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_scaled_linear_is_a_drop_in_linear():
+    torch.manual_seed(13)
+    stock = torch.nn.Linear(24, 12)
+    torch.manual_seed(13)
+    ours = ScaledLinear(24, 12)
+    assert list(ours.state_dict()) == list(stock.state_dict()) == ["weight", "bias"]
+    assert torch.equal(ours.weight, stock.weight) and torch.equal(ours.bias, stock.bias)
+    ours.load_state_dict(stock.state_dict())
+    x = torch.randn(3, 5, 24)
+    torch.testing.assert_close(ours(x), stock(x))
+    assert ScaledLinear(4, 3, bias=False).bias is None
+
+
+@pytest.mark.parametrize("output_scale", [0.5, "per-feature"])
+def test_scaled_linear_output_scale(device, output_scale):
+    torch.manual_seed(14)
+    if output_scale == "per-feature":
+        output_scale = torch.rand(12, device=device) + 0.5
+    layer = ScaledLinear(32, 12, device=device, output_scale=output_scale, backend="triton")
+    assert list(layer.state_dict()) == ["weight", "bias"]
+    x = torch.randn(4, 32, device=device)
+    with torch.autocast(device, dtype=torch.float16):
+        y = layer(x)
+    assert y.dtype == torch.float16
+    w16 = layer.weight.detach().half()
+    expected = _ref64(x.half(), w16.t(), output_scale, layer.bias.detach())
+    stock = (torch.nn.functional.linear(x.half(), w16, layer.bias.detach().half()) * output_scale).half()
+    _assert_accuracy(y, stock, expected, interpreted_bf16_out=False)
+    y.float().sum().backward()
+    assert layer.weight.grad.shape == (12, 32) and layer.bias.grad.shape == (12,)
+
+
+def test_backend_choice(monkeypatch):
+    cpu = torch.device("cpu")
+    assert sm_module.select_backend(cpu) == "torch"
+    assert sm_module.select_backend(cpu, "triton") == "triton"  # the interpreter, for tests
+    monkeypatch.setenv("AMPKERNELS_SCALED_MATMUL_BACKEND", "triton")
+    assert sm_module.select_backend(cpu) == "triton"
+    with pytest.raises(RuntimeError, match="wmma"):
+        sm_module.select_backend(cpu, "wmma")
+    assert ampkernels.scaled_matmul is scaled_matmul and ampkernels.ScaledLinear is ScaledLinear
+
+
+def test_info_reports_the_backend():
+    from ampkernels import info
+
+    text = info.report()
+    assert "scaled_matmul" in text
+
+
+def test_reference_matches_float64():
+    torch.manual_seed(15)
+    a, b = torch.randn(6, 5, dtype=torch.float64), torch.randn(5, 7, dtype=torch.float64)
+    scale, bias = torch.rand(6, 1, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
+    out = torch.randn(6, 7, dtype=torch.float64)
+    expected = out + (a @ b) * scale * 2.0 + bias
+    reference.scaled_matmul(a, b, scale, alpha=2.0, bias=bias, out=out, accumulate=True)
+    torch.testing.assert_close(out, expected)
+    assert math.isclose(_rel_err(out, expected), 0.0, abs_tol=1e-15)
