@@ -23,15 +23,20 @@ sm_module = importlib.import_module("ampkernels.scaled_matmul")
 LOW = [torch.float16, torch.bfloat16]
 SCALE_KINDS = ["none", "float", "tensor0d", "row", "col"]
 LAYOUTS = ["nn", "nt", "tn", "tt"]  # a, b stored row-major (n) or as a transposed view (t)
-SMALL_SHAPES = [(1, 1, 1), (17, 33, 65), (64, 64, 64), (40, 24, 13)]  # K = 13: not a multiple of 8
+# K = 13: not a multiple of 8; 48x33x64 "nt": TMA-aligned operands with an output whose rows are not (pointer store).
+SMALL_SHAPES = [(1, 1, 1), (17, 33, 65), (64, 64, 64), (40, 24, 13), (48, 33, 64)]
 GPU_SHAPES = [(123, 4097, 511), (256, 512, 1024)]
 
 
 def _backends(device: str) -> list[str]:
-    names = ["triton", "torch"]
-    if device == "cuda" and sm_module.why_not("wmma", torch.device("cuda")) is None:
-        names.append("wmma")
-    return names
+    """Every backend that runs on ``device`` (Triton on CPU only under the interpreter, i.e. without a GPU)."""
+    return [name for name in sm_module.BACKENDS if sm_module.why_not(name, torch.device(device)) is None]
+
+
+def _need_triton(device: str) -> None:
+    reason = sm_module.why_not("triton", torch.device(device))
+    if reason is not None:
+        pytest.skip(reason)
 
 
 def _interpreted(device: str, backend: str) -> bool:
@@ -185,6 +190,7 @@ def test_strided_and_misaligned_operands(device):
 def test_triton_kernel_variants(device, config, force):
     """The config knobs the tuner picks between compute the same function (TMA store split in two, flattened
     persistent loop, and the pointer kernel on operands that TMA could take)."""
+    _need_triton(device)
     from ampkernels.triton import scaled_matmul as triton_sm
 
     if force is None and config.get("epilogue_split", 1) > 1 and device == "cuda":
@@ -303,6 +309,7 @@ def test_gradcheck_reference_fp64(scale_kind):
 @pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
 def test_backward_matches_reference(device, dtype, scale_kind):
     """Grads of a, b (and bias, scale) through the Triton kernels vs float64, bounded by stock autograd's error."""
+    _need_triton(device)
     torch.manual_seed(10)
     M, K, N = 48, 40, 56
     a0, b0 = _operand(M, K, dtype, device, False), _operand(K, N, dtype, device, True)
@@ -329,6 +336,7 @@ def test_backward_matches_reference(device, dtype, scale_kind):
 
 @pytest.mark.parametrize("cast", LOW, ids=["fp16", "bf16"])
 def test_autocast_casts_operands_only(device, cast):
+    _need_triton(device)
     torch.manual_seed(11)
     a, b = torch.randn(20, 32, device=device), torch.randn(32, 24, device=device)
     scale = torch.rand(24, device=device) + 0.5
@@ -344,6 +352,7 @@ def test_autocast_casts_operands_only(device, cast):
 
 
 def test_autocast_backward_reaches_fp32_leaves(device):
+    _need_triton(device)
     a = torch.randn(16, 32, device=device, requires_grad=True)
     b = torch.randn(32, 8, device=device, requires_grad=True)
     with torch.autocast(device, dtype=torch.float16):
@@ -354,6 +363,8 @@ def test_autocast_backward_reaches_fp32_leaves(device):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_opcheck(device, backend):
+    if backend == "triton":
+        _need_triton(device)
     torch.manual_seed(12)
     a, b = torch.randn(16, 24, device=device).half(), torch.randn(24, 8, device=device).half()
     scale, bias = torch.rand(16, device=device), torch.randn(8, device=device)
@@ -443,6 +454,7 @@ def test_scaled_linear_is_a_drop_in_linear():
 
 @pytest.mark.parametrize("output_scale", [0.5, "per-feature"])
 def test_scaled_linear_output_scale(device, output_scale):
+    _need_triton(device)
     torch.manual_seed(14)
     if output_scale == "per-feature":
         output_scale = torch.rand(12, device=device) + 0.5
@@ -463,9 +475,12 @@ def test_scaled_linear_output_scale(device, output_scale):
 def test_backend_choice(monkeypatch):
     cpu = torch.device("cpu")
     assert sm_module.select_backend(cpu) == "torch"
-    assert sm_module.select_backend(cpu, "triton") == "triton"  # the interpreter, for tests
-    monkeypatch.setenv("AMPKERNELS_SCALED_MATMUL_BACKEND", "triton")
-    assert sm_module.select_backend(cpu) == "triton"
+    monkeypatch.setenv("AMPKERNELS_SCALED_MATMUL_BACKEND", "torch")
+    assert sm_module.select_backend(torch.device("cuda")) == "torch"
+    monkeypatch.setenv("AMPKERNELS_SCALED_MATMUL_BACKEND", "no-such-backend")
+    with pytest.raises(ValueError, match="'backend'"):
+        sm_module.select_backend(cpu)
+    monkeypatch.delenv("AMPKERNELS_SCALED_MATMUL_BACKEND")
     with pytest.raises(RuntimeError, match="wmma"):
         sm_module.select_backend(cpu, "wmma")
     assert ampkernels.scaled_matmul is scaled_matmul and ampkernels.ScaledLinear is ScaledLinear

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 
 try:  # triton >= 3.3 (the GPU machine has 3.6)
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -1,0 +1,278 @@
+"""``ampkernels.scaled_matmul`` against cuBLAS, TFLOP/s, in the same run.
+
+Per case (dtype, M×N×K, layout), on the same operands:
+
+* cuBLAS mm alone: ``torch.mm(a, b)`` (no scale: the ceiling to match);
+* cuBLAS then scale: ``torch.mm(a, b) * scale`` with a 0-d device tensor (what a sync-free scale costs unfused);
+* ampkernels Triton, and the CUDA WMMA kernel when the extension has it: ``scaled_matmul(a, b, scale)``.
+
+Layouts: ``nn`` (row-major a and b), ``fwd`` = ``x @ W.T`` (b a column-major view), ``grad-in`` = ``dy @ W`` (nn),
+``grad-wt`` = ``dy.T @ x`` (a a column-major view). Transformer shapes use M = 8192 tokens and Linear widths
+768/3072 (BERT) and 4096/11008 (Llama-7B). Time: ``triton.testing.do_bench`` medians (GPU); on the CPU a 64³
+smoke set through the reference and the Triton interpreter, wall time (not comparable to anything).
+Each case also checks the result: relative error against an fp32 matmul, ours ≤ 2× cuBLAS-then-scale's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ampkernels import scaled_matmul
+from benchmarks.common import RunContext, format_table, free_device_memory, plot_grouped_bars, time_interleaved
+
+NAME = "scaled_matmul"
+
+CUBLAS, CUBLAS_SCALE, TRITON, WMMA, REFERENCE = "cublas_mm", "cublas_then_scale", "triton", "wmma", "reference"
+LABELS = {
+    CUBLAS: "cuBLAS mm (no scale)",
+    CUBLAS_SCALE: "cuBLAS mm, then * scale",
+    TRITON: "ampkernels Triton",
+    WMMA: "ampkernels CUDA WMMA",
+    REFERENCE: "ampkernels reference (torch)",
+}
+CPU_LABELS = {CUBLAS: "torch mm (CPU)", CUBLAS_SCALE: "torch mm, then * scale (CPU)", TRITON: "Triton interpreter"}
+
+
+@dataclass(frozen=True)
+class Case:
+    dtype: torch.dtype
+    M: int
+    N: int
+    K: int
+    layout: str  # nn | fwd | grad-in | grad-wt
+
+    @property
+    def label(self) -> str:
+        return f"{self.M}x{self.N}x{self.K} {self.layout}"
+
+
+def _cases(cpu_small: bool) -> list[Case]:
+    if cpu_small:
+        return [
+            Case(dtype, 64, 64, 64, layout) for dtype in (torch.bfloat16, torch.float16) for layout in ("nn", "fwd")
+        ]
+    bf16 = [
+        Case(torch.bfloat16, 4096, 4096, 4096, "nn"),
+        Case(torch.bfloat16, 8192, 8192, 8192, "nn"),
+        Case(torch.bfloat16, 16384, 4096, 4096, "nn"),
+        Case(torch.bfloat16, 8192, 3072, 768, "fwd"),  # BERT up-projection
+        Case(torch.bfloat16, 8192, 768, 3072, "fwd"),  # BERT down-projection
+        Case(torch.bfloat16, 8192, 4096, 4096, "fwd"),  # Llama attention projections
+        Case(torch.bfloat16, 8192, 11008, 4096, "fwd"),  # Llama MLP up/gate
+        Case(torch.bfloat16, 8192, 4096, 11008, "grad-in"),  # dy @ W of the MLP up/gate
+        Case(torch.bfloat16, 8192, 768, 3072, "grad-in"),  # dy @ W of the BERT up-projection
+        Case(torch.bfloat16, 11008, 4096, 8192, "grad-wt"),  # dy.T @ x of the MLP up/gate
+        Case(torch.bfloat16, 3072, 768, 8192, "grad-wt"),  # dy.T @ x of the BERT up-projection
+    ]
+    fp16 = [
+        Case(torch.float16, 4096, 4096, 4096, "nn"),
+        Case(torch.float16, 8192, 8192, 8192, "nn"),
+        Case(torch.float16, 8192, 4096, 4096, "fwd"),
+        Case(torch.float16, 8192, 11008, 4096, "fwd"),
+    ]
+    return bf16 + fp16
+
+
+def _operands(case: Case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random a [M, K] and b [K, N] in the case's layout (transposed views where the layout has them)."""
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.float32).to(case.dtype)
+
+    a = randn(case.K, case.M).t() if case.layout == "grad-wt" else randn(case.M, case.K)
+    b = randn(case.N, case.K).t() if case.layout == "fwd" else randn(case.K, case.N)
+    return a, b
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.float() - ref).norm() / ref.norm())
+
+
+def _available_backends(device: torch.device) -> list[str]:
+    module = importlib.import_module("ampkernels.scaled_matmul")
+    found = [TRITON] if module.why_not("triton", device) is None else []
+    if device.type == "cuda" and module.why_not("wmma", device) is None:
+        found.append(WMMA)
+    return found
+
+
+def _time_gpu(fn) -> float:
+    import triton.testing
+
+    fn()  # compile / tune outside the timing
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _bench_case(ctx: RunContext, case: Case, backends: list[str]) -> list[dict[str, Any]]:
+    a, b = _operands(case, ctx.device)
+    scale = torch.tensor(0.73, device=ctx.device)
+    variants = {
+        CUBLAS: lambda: torch.mm(a, b),
+        CUBLAS_SCALE: lambda: torch.mm(a, b) * scale,
+    }
+    if ctx.cpu_small:
+        variants[REFERENCE] = lambda: scaled_matmul(a, b, scale, backend="torch")
+    for backend in backends:
+        variants[backend] = lambda backend=backend: scaled_matmul(a, b, scale, backend=backend)
+
+    ref = (a.float() @ b.float()) * scale  # fp32 (no TF32 by default): the yardstick of the accuracy check
+    errors = {name: _rel_err(fn(), ref) for name, fn in variants.items() if name != CUBLAS}
+    del ref
+    if ctx.cpu_small:
+        timings = time_interleaved(variants, ctx.device, ctx.repeats, ctx.target_loop_s)
+        ms = {name: timing.median_wall_ms for name, timing in timings.items()}
+    else:
+        ms = {name: _time_gpu(fn) for name, fn in variants.items()}
+    flops = 2.0 * case.M * case.N * case.K
+    rows = []
+    for name, time_ms in ms.items():
+        rows.append(
+            {
+                "dtype": str(case.dtype).removeprefix("torch."),
+                "case": case.label,
+                "M": case.M,
+                "N": case.N,
+                "K": case.K,
+                "layout": case.layout,
+                "implementation": name,
+                "label": (CPU_LABELS if ctx.cpu_small else LABELS).get(name, LABELS.get(name, name)),
+                "ms": time_ms,
+                "tflops": flops / (time_ms * 1e-3) / 1e12,
+                "vs_cublas_mm": ms[CUBLAS] / time_ms,
+                "vs_cublas_then_scale": ms[CUBLAS_SCALE] / time_ms,
+                "rel_err_vs_fp32": errors.get(name),
+                "err_ratio_vs_cublas_then_scale": (
+                    errors[name] / errors[CUBLAS_SCALE] if name in errors and errors[CUBLAS_SCALE] > 0 else None
+                ),
+            }
+        )
+    return rows
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Geomean (and worst case) of each kernel's speed ratios per dtype, and over all cases."""
+    out = []
+    ours = sorted({row["implementation"] for row in rows} - {CUBLAS, CUBLAS_SCALE})
+    for dtype in sorted({row["dtype"] for row in rows}) + ["all"]:
+        for name in ours:
+            picked = [r for r in rows if r["implementation"] == name and dtype in ("all", r["dtype"])]
+            if not picked:
+                continue
+            out.append(
+                {
+                    "dtype": dtype,
+                    "implementation": name,
+                    "cases": len(picked),
+                    "geomean_vs_cublas_mm": _geomean([r["vs_cublas_mm"] for r in picked]),
+                    "min_vs_cublas_mm": min(r["vs_cublas_mm"] for r in picked),
+                    "geomean_vs_cublas_then_scale": _geomean([r["vs_cublas_then_scale"] for r in picked]),
+                }
+            )
+    return out
+
+
+def _warnings(rows: list[dict[str, Any]]) -> list[str]:
+    found = []
+    for row in rows:
+        ratio = row["err_ratio_vs_cublas_then_scale"]
+        if row["implementation"] in (TRITON, WMMA, REFERENCE) and ratio is not None and ratio > 2.0:
+            found.append(
+                f"WARNING {row['dtype']} {row['case']}: {row['implementation']} error {row['rel_err_vs_fp32']:.2e} "
+                f"is {ratio:.1f}x cuBLAS-then-scale's"
+            )
+    return found
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    if ctx.cpu_small:
+        # The Triton kernels run on CPU tensors through the interpreter (read when the kernels are first loaded).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    cases = _cases(ctx.cpu_small)
+    backends = _available_backends(ctx.device)
+    ctx.progress.reset(total=len(cases))
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        ctx.progress.set_postfix_str(f"{case.dtype} {case.label}")
+        case_rows = _bench_case(ctx, case, backends)
+        rows += case_rows
+        # One line per case as it finishes (stderr), so a run cut short still shows what it measured.
+        done = ", ".join(f"{r['implementation']} {r['tflops']:.0f} ({r['vs_cublas_mm']:.2f}x mm)" for r in case_rows)
+        ctx.progress.write(f"{case.dtype} {case.label} TFLOP/s: {done}", file=sys.stderr)
+        free_device_memory(ctx.device)
+        ctx.progress.update()
+    tuning = []
+    triton_module = importlib.import_module("ampkernels.scaled_matmul")._load_triton()[0]
+    if triton_module is not None:
+        tuning = list(triton_module.TUNING_LOG)
+    return {
+        "rows": rows,
+        "summary": _summary(rows),
+        "backends": backends,
+        "tuning": tuning,
+        "warnings": _warnings(rows),
+        "timing_note": "median of triton.testing.do_bench (GPU, L2 flushed between runs); wall time on the CPU",
+    }
+
+
+def report(document: dict[str, Any]) -> str:
+    headers = ["dtype", "M x N x K layout", "implementation", "ms", "TFLOP/s", "x cuBLAS mm", "x mm+scale", "rel err"]
+    rows = [
+        [
+            r["dtype"],
+            r["case"],
+            r["label"],
+            f"{r['ms']:.3f}",
+            f"{r['tflops']:.1f}",
+            f"{r['vs_cublas_mm']:.2f}",
+            f"{r['vs_cublas_then_scale']:.2f}",
+            "-" if r["rel_err_vs_fp32"] is None else f"{r['rel_err_vs_fp32']:.1e}",
+        ]
+        for r in document["rows"]
+    ]
+    summary_rows = [
+        [
+            s["dtype"],
+            f"geomean over {s['cases']} cases",
+            LABELS.get(s["implementation"], s["implementation"]),
+            "",
+            "",
+            f"{s['geomean_vs_cublas_mm']:.3f} (min {s['min_vs_cublas_mm']:.2f})",
+            f"{s['geomean_vs_cublas_then_scale']:.3f}",
+            "",
+        ]
+        for s in document["summary"]
+    ]
+    lines = [format_table(headers, rows + summary_rows, "lllrrrrr"), document["timing_note"]]
+    lines += document["warnings"]
+    return "\n".join(lines)
+
+
+def plot(document: dict[str, Any], path: Path, title: str) -> bool:
+    panels = {}
+    for dtype in sorted({r["dtype"] for r in document["rows"]}):
+        rows = [r for r in document["rows"] if r["dtype"] == dtype]
+        groups = list(dict.fromkeys(r["case"] for r in rows))
+        names = list(dict.fromkeys(r["implementation"] for r in rows))
+        series = {
+            LABELS.get(name, name): [
+                next((r["tflops"] for r in rows if r["case"] == g and r["implementation"] == name), None)
+                for g in groups
+            ]
+            for name in names
+        }
+        panels[f"{dtype}: TFLOP/s"] = ([g.replace(" ", "\n") for g in groups], series)
+    return plot_grouped_bars(path, title, panels, "TFLOP/s")
