@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 
 import pytest
 import torch
@@ -61,7 +62,8 @@ def test_runner_smoke(tmp_path):
     from benchmarks import bench_grad_scaler
     from benchmarks.__main__ import main
 
-    assert main(["--quick", "--sets", "many-small", "--shrink", "64", "--out", str(tmp_path), "--no-plot"]) == 0
+    args = ["--only", "grad_scaler", "--quick", "--sets", "many-small", "--shrink", "64", "--no-plot"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
 
     (json_path,) = tmp_path.glob("grad_scaler_*.json")
     assert not list(tmp_path.glob("*.png"))
@@ -93,3 +95,26 @@ def test_runner_smoke(tmp_path):
         png_path = tmp_path / "plot.png"
         assert bench_grad_scaler.plot(document, png_path, "smoke")
         assert png_path.stat().st_size > 0
+
+
+def test_training_benchmark_smoke(tmp_path):
+    """The end-to-end benchmark runs its CPU-sized MLP for every eager recipe and the 200-step numerics run."""
+    pytest.importorskip("tqdm")
+    from benchmarks import bench_training
+    from benchmarks.__main__ import main
+
+    assert main(["--only", "training", "--quick", "--out", str(tmp_path), "--no-plot"]) == 0
+    (json_path,) = tmp_path.glob("training_*.json")
+    document = json.loads(json_path.read_text())
+    recipes = {row["recipe"] for row in document["rows"] if row["model"] == "mlp-800" and "error" not in row}
+    expected = set(bench_training.RECIPES)
+    if not torch.cuda.is_available():
+        expected -= {"ampkernels-graphed"}
+    assert recipes == expected
+    versus = document["numerics"]["mlp-800"]["versus_stock"]["ampkernels"]
+    assert versus["scale_history_equal"]
+    runs = document["numerics"]["mlp-800"]["runs"]
+    for run in runs.values():
+        assert len(run["loss"]) == bench_training.NUMERICS_STEPS
+        assert all(not math.isfinite(run["loss"][step - 1]) for step in bench_training.OVERFLOW_STEPS)
+    assert "mlp-800" in bench_training.report(document)

@@ -1,0 +1,359 @@
+"""End-to-end fp16 AMP training steps: stock against ampkernels, eager and captured in one CUDA graph.
+
+Models (random init): BERT-base (``transformers.BertForMaskedLM``, batch 32, seq 512), tiny GPT-2 (4 layers, 256 wide,
+4 heads, vocab 8192, batch 8, seq 128), and an MLP of 200 x (Linear 256->256, LayerNorm, GELU) at batch 64 (800
+parameter tensors). A step is autocast forward + scaled backward + unscale/clip to max_norm 1.0 + AdamW + scale
+update. Recipes, each on its own copy of the model:
+
+- ``stock-foreach``: torch.amp.GradScaler, unscale_, clip_grad_norm_, AdamW (foreach, torch's default), update;
+- ``stock-fused``: the same with ``AdamW(fused=True)``;
+- ``ampkernels``: FusedGradScaler.clip_grad_norm_ (one read-only pass), step with ampkernels.FusedAdamW (torch's
+  fused AdamW where the native optimizers are not built), update — no host sync;
+- ``ampkernels-graphed``: the ampkernels step captured whole with ``ampkernels.capture_step`` and replayed.
+
+Then a numerics run per model: 200 steps with overflows injected (the loss multiplied by inf on a few steps, through
+a device tensor so that the graph sees it too), dropout off, recording the loss and the scale of every step, for
+stock-fused, ampkernels and ampkernels-graphed. On a CPU-only machine only the MLP runs (shrunk, eager, bf16).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import ampkernels
+from ampkernels import FusedGradScaler, capture_step
+from benchmarks.common import RunContext, format_table, free_device_memory, synchronize
+
+NAME = "training"
+
+MAX_NORM = 1.0
+LR = 1e-4
+NUMERICS_STEPS = 200
+OVERFLOW_STEPS = (20, 21, 90, 150)  # the loss is multiplied by inf: every recipe must skip these steps
+NUMERICS_SCALER = {"init_scale": 2.0**16, "growth_interval": 25}  # short interval: growth shows within 200 steps
+RECIPES = ("stock-foreach", "stock-fused", "ampkernels", "ampkernels-graphed")
+NUMERICS_RECIPES = ("stock-fused", "ampkernels", "ampkernels-graphed")
+
+
+# ---- models and batches ----
+
+
+def _mlp(ctx: RunContext, dropout: float) -> tuple[torch.nn.Module, Callable[[int], tuple], str]:
+    width, depth, batch = (256, 200, 64) if not ctx.cpu_small else (64, 8, 16)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers)
+
+    def batch_of(step: int) -> tuple:
+        gen = torch.Generator().manual_seed(step)
+        return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
+
+    return model, batch_of, f"{depth} x (Linear {width}, LayerNorm, GELU), batch {batch}"
+
+
+def _mlp_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(x).float(), y)
+
+
+def _tokens(vocab: int, batch: int, seq: int) -> Callable[[int], tuple]:
+    def batch_of(step: int) -> tuple:
+        gen = torch.Generator().manual_seed(step)
+        return (torch.randint(0, vocab, (batch, seq), generator=gen),)
+
+    return batch_of
+
+
+def _bert(ctx: RunContext, dropout: float):
+    import transformers
+
+    config = transformers.BertConfig(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    return transformers.BertForMaskedLM(config), _tokens(config.vocab_size, 32, 512), "batch 32, seq 512"
+
+
+def _gpt2(ctx: RunContext, dropout: float):
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_embd=256, n_layer=4, n_head=4, vocab_size=8192, n_positions=128, resid_pdrop=dropout, embd_pdrop=dropout
+    )
+    config.attn_pdrop = dropout
+    return transformers.GPT2LMHeadModel(config), _tokens(8192, 8, 128), "4 layers, 256 wide, batch 8, seq 128"
+
+
+def _lm_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids).loss
+
+
+MODELS = {
+    "bert-base": (_bert, _lm_loss, True),
+    "tiny-gpt2": (_gpt2, _lm_loss, True),
+    "mlp-800": (_mlp, _mlp_loss, False),
+}
+
+
+def _available(name: str, ctx: RunContext) -> str | None:
+    """None when the model can run here, else why not."""
+    _, _, needs_transformers = MODELS[name]
+    if ctx.cpu_small and needs_transformers:
+        return "CPU-only machine: transformer models skipped"
+    if needs_transformers:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            return "transformers is not installed"
+    return None
+
+
+# ---- recipes ----
+
+
+def _optimizer(recipe: str, params) -> torch.optim.Optimizer:
+    if recipe == "stock-foreach":
+        return torch.optim.AdamW(params, lr=LR, foreach=True)
+    if recipe == "stock-fused" or not hasattr(ampkernels, "FusedAdamW"):
+        return torch.optim.AdamW(params, lr=LR, fused=True)
+    return ampkernels.FusedAdamW(params, lr=LR)
+
+
+def _make_step(recipe: str, model, loss_fn, device, dtype, scaler_settings: dict):
+    """A function ``step(*batch, poison) -> loss`` for ``recipe``; ``poison`` is a 0-d tensor, 1 or inf."""
+    opt = _optimizer(recipe, model.parameters())
+    if recipe.startswith("stock"):
+        scaler = torch.amp.GradScaler(device.type, **scaler_settings)
+    else:
+        scaler = FusedGradScaler(device.type, **scaler_settings)
+
+    def step(*inputs):
+        *batch, poison = inputs
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype):
+            loss = loss_fn(model, *batch) * poison
+        scaler.scale(loss).backward()
+        if recipe.startswith("stock"):
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        else:
+            scaler.clip_grad_norm_(opt, MAX_NORM)
+        scaler.step(opt)
+        scaler.update()
+        return loss.detach()
+
+    return step, scaler
+
+
+def _build(name: str, recipe: str, ctx: RunContext, dropout: float, scaler_settings: dict):
+    make_model, loss_fn, _ = MODELS[name]
+    torch.manual_seed(0)
+    model, batch_of, description = make_model(ctx, dropout)
+    model = model.to(ctx.device).train()
+    dtype = torch.float16 if ctx.device.type == "cuda" else torch.bfloat16
+    step, scaler = _make_step(recipe, model, loss_fn, ctx.device, dtype, scaler_settings)
+
+    def inputs(i: int, poison: float = 1.0) -> tuple:
+        batch = tuple(t.to(ctx.device) for t in batch_of(i))
+        return (*batch, torch.tensor(poison, device=ctx.device))
+
+    if recipe.endswith("graphed"):
+        step = capture_step(step, *inputs(0))  # its 3 warmup steps train on batch 0, like the eager warmup
+    else:
+        for _ in range(3):
+            step(*inputs(0))
+    return step, scaler, inputs, description
+
+
+# ---- timing ----
+
+
+def _time_recipe(name: str, recipe: str, ctx: RunContext) -> dict[str, Any]:
+    free_device_memory(ctx.device)
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    step, _, inputs, description = _build(name, recipe, ctx, dropout=0.1, scaler_settings={})
+    batches = [inputs(i) for i in range(4)]  # on the device before timing: the step, not the host copy, is timed
+    synchronize(ctx.device)
+    start = time.perf_counter()
+    step(*batches[0])
+    synchronize(ctx.device)
+    one_ms = (time.perf_counter() - start) * 1e3
+    iterations = max(3, math.ceil(ctx.target_loop_s * 4e3 / one_ms))
+    per_repeat = []
+    for _ in range(ctx.repeats):
+        synchronize(ctx.device)
+        start = time.perf_counter()
+        for i in range(iterations):
+            step(*batches[i % len(batches)])
+        synchronize(ctx.device)
+        per_repeat.append((time.perf_counter() - start) * 1e3 / iterations)
+    row = {
+        "model": name,
+        "description": description,
+        "recipe": recipe,
+        "iterations": iterations,
+        "step_ms": statistics.median(per_repeat),
+        "step_ms_per_repeat": per_repeat,
+        "peak_memory_gib": (
+            round(torch.cuda.max_memory_allocated(ctx.device) / 2**30, 2) if ctx.device.type == "cuda" else None
+        ),
+    }
+    del step, batches
+    return row
+
+
+# ---- numerics ----
+
+
+def _numerics_run(name: str, recipe: str, ctx: RunContext) -> dict[str, Any]:
+    free_device_memory(ctx.device)
+    step, scaler, inputs, _ = _build(name, recipe, ctx, dropout=0.0, scaler_settings=NUMERICS_SCALER)
+    losses, scales = [], []
+    for i in range(1, NUMERICS_STEPS + 1):
+        losses.append(step(*inputs(i, math.inf if i in OVERFLOW_STEPS else 1.0)).float().clone())
+        scales.append(scaler._scale.detach().clone() if scaler._scale is not None else None)
+    losses_host = torch.stack(losses).tolist()  # one sync at the end: the loop itself stays sync-free
+    scales_host = [float(s) for s in scales]
+    del step
+    return {"loss": losses_host, "scale": scales_host}
+
+
+def _compare(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    finite = [
+        (a, b) for a, b in zip(reference["loss"], other["loss"]) if math.isfinite(a) and math.isfinite(b) and a != 0
+    ]
+    return {
+        "scale_history_equal": reference["scale"] == other["scale"],
+        "max_relative_loss_difference": max((abs(a - b) / abs(a) for a, b in finite), default=0.0),
+        "final_loss": other["loss"][-1],
+    }
+
+
+# ---- the module interface ----
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    recipes = [r for r in RECIPES if ctx.device.type == "cuda" or not r.endswith("graphed")]
+    numerics_recipes = [r for r in NUMERICS_RECIPES if r in recipes]
+    models = list(MODELS)
+    ctx.progress.reset(total=len(models) * (len(recipes) + len(numerics_recipes)))
+    rows, numerics, skipped = [], {}, {}
+    for name in models:
+        why = _available(name, ctx)
+        if why is not None:
+            skipped[name] = why
+            ctx.progress.update(len(recipes) + len(numerics_recipes))
+            continue
+        for recipe in recipes:
+            ctx.progress.set_postfix_str(f"{name}: {recipe}")
+            try:
+                rows.append(_time_recipe(name, recipe, ctx))
+            except Exception as exc:  # a failed recipe is reported, not fatal to the other rows
+                rows.append({"model": name, "recipe": recipe, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            ctx.progress.update()
+        runs = {}
+        for recipe in numerics_recipes:
+            ctx.progress.set_postfix_str(f"{name}: {NUMERICS_STEPS} steps, {recipe}")
+            try:
+                runs[recipe] = _numerics_run(name, recipe, ctx)
+            except Exception as exc:
+                runs[recipe] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            ctx.progress.update()
+        reference = runs.get("stock-fused")
+        numerics[name] = {
+            "runs": runs,
+            "versus_stock": {
+                recipe: _compare(reference, run)
+                for recipe, run in runs.items()
+                if recipe != "stock-fused" and reference and "error" not in reference and "error" not in run
+            },
+        }
+    for row in rows:
+        base = next((r for r in rows if r["model"] == row["model"] and r["recipe"] == "stock-fused"), None)
+        if "error" not in row and base is not None and "error" not in base:
+            row["speedup_over_stock_fused"] = base["step_ms"] / row["step_ms"]
+            foreach = next((r for r in rows if r["model"] == row["model"] and r["recipe"] == "stock-foreach"), None)
+            if foreach is not None and "error" not in foreach:
+                row["speedup_over_stock_foreach"] = foreach["step_ms"] / row["step_ms"]
+    return {
+        "rows": rows,
+        "numerics": numerics,
+        "skipped": skipped,
+        "notes": [
+            f"numerics: {NUMERICS_STEPS} steps, overflows injected at steps {list(OVERFLOW_STEPS)}, dropout 0, "
+            f"scaler {NUMERICS_SCALER}; compared with stock-fused (torch.amp.GradScaler + torch fused AdamW)",
+            "step time: median over repeats of the wall time per step of a loop, host work included",
+        ],
+    }
+
+
+def report(document: dict[str, Any]) -> str:
+    headers = ["model", "recipe", "step ms", "vs stock-fused", "vs stock-foreach", "peak GiB"]
+    table = []
+    for row in document["rows"]:
+        if "error" in row:
+            table.append([row["model"], row["recipe"], "error", row["error"][:60], "", ""])
+            continue
+        table.append(
+            [
+                row["model"],
+                row["recipe"],
+                f"{row['step_ms']:.2f}",
+                f"{row.get('speedup_over_stock_fused', 0):.2f}x",
+                f"{row.get('speedup_over_stock_foreach', 0):.2f}x",
+                "-" if row["peak_memory_gib"] is None else f"{row['peak_memory_gib']:.2f}",
+            ]
+        )
+    lines = [format_table(headers, table, "llrrrr"), ""]
+    for name, info in document["numerics"].items():
+        for recipe, run in info["runs"].items():
+            if "error" in run:
+                lines.append(f"{name} {NUMERICS_STEPS}-step run, {recipe}: error {run['error'][:200]}")
+        for recipe, cmp in info["versus_stock"].items():
+            lines.append(
+                f"{name} {NUMERICS_STEPS}-step run, {recipe} vs stock: scale history "
+                f"{'identical' if cmp['scale_history_equal'] else 'DIFFERS'}, max relative loss difference "
+                f"{cmp['max_relative_loss_difference']:.2e}, final loss {cmp['final_loss']:.4f}"
+            )
+    lines += [f"skipped {name}: {why}" for name, why in document["skipped"].items()]
+    lines += [f"note: {note}" for note in document["notes"]]
+    return "\n".join(lines)
+
+
+def plot(document: dict[str, Any], path: Path, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: {path.name} not drawn")
+        return False
+    models = [name for name, info in document["numerics"].items() if info["runs"]]
+    if not models:
+        return False
+    figure, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 7), squeeze=False)
+    for column, name in enumerate(models):
+        for index, (recipe, run) in enumerate(document["numerics"][name]["runs"].items()):
+            if "error" in run:
+                continue
+            steps = range(1, len(run["loss"]) + 1)
+            style = {"label": recipe, "color": f"C{index}", "linewidth": 2.5 - index * 0.8}
+            axes[0][column].plot(steps, [v if math.isfinite(v) else math.nan for v in run["loss"]], **style)
+            axes[1][column].plot(steps, [math.log2(s) for s in run["scale"]], **style)
+        for step in OVERFLOW_STEPS:
+            axes[1][column].axvline(step, color="grey", alpha=0.3, linewidth=0.8)
+        axes[0][column].set_title(f"{name}: loss", fontsize=10)
+        axes[1][column].set_title(f"{name}: log2(scale); grey lines = injected overflows", fontsize=10)
+        axes[1][column].set_xlabel("step")
+        axes[0][column].legend(fontsize=8)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
