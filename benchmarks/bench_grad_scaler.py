@@ -7,9 +7,14 @@ Per parameter set, on the same tensors in the same run:
    ``clip_grad_norm_`` with the SGD optimizer (grads unscaled and clipped in place, floor 8 B/param) and with torch's
    fused AdamW, where the unscale and clip are deferred into the fused step and only a read-only pass runs here
    (floor 4 B/param; not the same work as stock, so no speedup is given).
-3. The whole post-backward phase with torch's fused AdamW: stock ``unscale_`` + ``clip_grad_norm_`` + ``step`` +
-   ``update``; ampkernels ``clip_grad_norm_`` + ``step`` + ``update``. Floor 32 B/param (AdamW reads p, g, m, v and
-   writes p, m, v: 28 B; plus one read-only pass over the grads for the non-finite check and the norm: 4 B).
+3. The whole post-backward phase (check + clip + AdamW + scale update). Floor 32 B/param (AdamW reads p, g, m, v
+   and writes p, m, v: 28 B; plus one read-only pass over the grads for the non-finite check and the norm: 4 B).
+   - stock recipe: ``unscale_`` + ``clip_grad_norm_`` + ``step`` (torch fused AdamW) + ``update``;
+   - stock sync-free: the best assembly of stock parts — read-only ``torch._foreach_norm`` of the scaled grads, the
+     clip coefficient and found_inf on the device, torch's fused AdamW handed ``grad_scale``/``found_inf``,
+     ``torch._amp_update_scale_`` — eager and captured in a CUDA graph;
+   - ampkernels: ``clip_grad_norm_`` + ``step`` + ``update`` with torch's fused AdamW, and with
+     ``ampkernels.FusedAdamW`` eager and captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
-from ampkernels import FusedGradScaler
+import ampkernels
+from ampkernels import FusedGradScaler, capture_step
 from benchmarks.common import (
     LoopTiming,
     RunContext,
@@ -71,10 +77,16 @@ class Variant:
 
 CASES = ("unscale_", "unscale_+clip", "post-backward")
 STOCK, FUSED, FUSED_DEFERRED = "stock", "ampkernels", "ampkernels-deferred"
+STOCK_SYNC_FREE, STOCK_SYNC_FREE_GRAPHED = "stock-sync-free", "stock-sync-free-graphed"
+FUSED_OWN, FUSED_OWN_GRAPHED = "ampkernels+FusedAdamW", "ampkernels+FusedAdamW-graphed"
 SERIES_LABELS = {
     STOCK: "torch.amp.GradScaler",
+    STOCK_SYNC_FREE: "best sync-free assembly of stock parts",
+    STOCK_SYNC_FREE_GRAPHED: "best sync-free stock assembly, CUDA graph",
     FUSED: "ampkernels.FusedGradScaler",
     FUSED_DEFERRED: "FusedGradScaler, clip deferred into the fused step (read-only pass only)",
+    FUSED_OWN: "FusedGradScaler + ampkernels.FusedAdamW",
+    FUSED_OWN_GRAPHED: "FusedGradScaler + ampkernels.FusedAdamW, CUDA graph",
 }
 STOCK_UNSCALE = Variant("unscale_", STOCK, "GradScaler.unscale_", 8)
 FUSED_UNSCALE = Variant("unscale_", FUSED, "FusedGradScaler.unscale_", 8)
@@ -85,6 +97,10 @@ FUSED_CLIP_DEFERRED = Variant(
 )
 STOCK_PHASE = Variant("post-backward", STOCK, "unscale_ + clip_grad_norm_ + step + update", 32)
 FUSED_PHASE = Variant("post-backward", FUSED, "clip_grad_norm_ + step + update", 32)
+STOCK_SYNC_FREE_PHASE = Variant("post-backward", STOCK_SYNC_FREE, "_foreach_norm + fused AdamW(grad_scale)", 32)
+STOCK_SYNC_FREE_GRAPHED_PHASE = Variant("post-backward", STOCK_SYNC_FREE_GRAPHED, "the same, CUDA graph", 32)
+FUSED_OWN_PHASE = Variant("post-backward", FUSED_OWN, "clip_grad_norm_ + FusedAdamW step + update", 32)
+FUSED_OWN_GRAPHED_PHASE = Variant("post-backward", FUSED_OWN_GRAPHED, "the same, CUDA graph", 32)
 
 
 def _reset_stage(scaler: torch.amp.GradScaler) -> None:
@@ -152,6 +168,35 @@ def _bench_param_set(ctx: RunContext, set_name: str) -> tuple[list[dict[str, Any
         fused.step(fused_adamw)
         fused.update()
 
+    sync_free_adamw = torch.optim.AdamW(params, fused=True)
+    sync_free_scale = torch.ones((), dtype=torch.float32, device=ctx.device)
+    sync_free_tracker = torch.zeros((), dtype=torch.int32, device=ctx.device)
+
+    def stock_sync_free_phase() -> None:
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))  # of the scaled grads, read-only
+        found_inf = (~torch.isfinite(total)).float()
+        coef = torch.clamp(TIMING_MAX_NORM / (total / sync_free_scale + 1e-6), max=1.0)
+        sync_free_adamw.grad_scale = sync_free_scale / coef
+        sync_free_adamw.found_inf = found_inf
+        sync_free_adamw.step()
+        torch._amp_update_scale_(sync_free_scale, sync_free_tracker, found_inf, 2.0, 0.5, 2**30)
+
+    phases = {STOCK_PHASE: stock_phase, FUSED_PHASE: fused_phase, STOCK_SYNC_FREE_PHASE: stock_sync_free_phase}
+    if hasattr(ampkernels, "FusedAdamW"):
+        own_adamw = ampkernels.FusedAdamW(params)
+        own = _ready(FusedGradScaler(ctx.device.type, **TIMING_SCALER_SETTINGS), ctx.device)
+
+        def own_phase() -> None:
+            own.clip_grad_norm_(own_adamw, TIMING_MAX_NORM)
+            own.step(own_adamw)
+            own.update()
+
+        phases[FUSED_OWN_PHASE] = own_phase
+    if ctx.device.type == "cuda":  # the phases are sync-free: one graph each, replayed
+        phases[STOCK_SYNC_FREE_GRAPHED_PHASE] = capture_step(stock_sync_free_phase)
+        if FUSED_OWN_PHASE in phases:
+            phases[FUSED_OWN_GRAPHED_PHASE] = capture_step(phases[FUSED_OWN_PHASE])
+
     # One untimed pass checks that both scalers compute the same norm: timing a wrong kernel is worthless.
     stock_norm = stock_clip()
     norm_differences = {
@@ -162,7 +207,7 @@ def _bench_param_set(ctx: RunContext, set_name: str) -> tuple[list[dict[str, Any
     cases: dict[str, dict[Variant, Callable[[], Any]]] = {
         "unscale_": {STOCK_UNSCALE: stock_unscale, FUSED_UNSCALE: fused_unscale},
         "unscale_+clip": {STOCK_CLIP: stock_clip, FUSED_CLIP: fused_clip, FUSED_CLIP_DEFERRED: fused_clip_deferred},
-        "post-backward": {STOCK_PHASE: stock_phase, FUSED_PHASE: fused_phase},
+        "post-backward": phases,
     }
     timings: dict[Variant, LoopTiming] = {}
     for case, variants in cases.items():

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import ampkernels
 from benchmarks.param_sets import CPU_SHRINK, GRAD_MAGNITUDE, PARAM_SETS, make_params, num_params
 
 # (tensors, params) of named_parameters() of the models in shared/REFERENCE.md.
@@ -77,17 +78,20 @@ def test_runner_smoke(tmp_path):
     assert document["param_sets"]["many-small"]["num_tensors"] == 10_000 // 64
 
     rows = document["rows"]
-    assert [(row["case"], row["implementation"]) for row in rows] == [
+    assert [(row["case"], row["implementation"]) for row in rows[:5]] == [
         ("unscale_", "stock"),
         ("unscale_", "ampkernels"),
         ("unscale_+clip", "stock"),
         ("unscale_+clip", "ampkernels"),
         ("unscale_+clip", "ampkernels-deferred"),
-        ("post-backward", "stock"),
-        ("post-backward", "ampkernels"),
     ]
+    phase = [row["implementation"] for row in rows[5:]]
+    assert all(row["case"] == "post-backward" for row in rows[5:])
+    assert phase[:3] == ["stock", "ampkernels", "stock-sync-free"]
+    assert ("ampkernels+FusedAdamW" in phase) == hasattr(ampkernels, "FusedAdamW")
+    assert any(name.endswith("graphed") for name in phase) == torch.cuda.is_available()
     assert all(row["wall_ms"] > 0 and row["x_floor"] > 0 and row["repeats"] == 3 for row in rows)
-    assert [row["speedup_over_stock"] is None for row in rows] == [False] * 4 + [True] + [False] * 2
+    assert [row["speedup_over_stock"] is None for row in rows] == [False] * 4 + [True] + [False] * len(phase)
     assert all(row["speedup_over_stock"] == 1.0 for row in rows if row["implementation"] == "stock")
     assert "many-small" in bench_grad_scaler.report(document)
 
