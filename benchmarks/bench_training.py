@@ -211,6 +211,38 @@ def _time_recipe(name: str, recipe: str, ctx: RunContext) -> dict[str, Any]:
     return row
 
 
+# ---- where the time goes (eager against graphed) ----
+
+PROFILE_MODELS = ("bert-base",)
+PROFILE_STEPS = 3
+
+
+def _kernel_profile(name: str, recipe: str, ctx: RunContext, top: int = 12) -> dict[str, Any]:
+    """The CUDA kernels of ``PROFILE_STEPS`` steps, by total time: explains a graphed step slower than eager."""
+    from torch.profiler import ProfilerActivity, profile
+
+    free_device_memory(ctx.device)
+    step, _, inputs, _ = _build(name, recipe, ctx, dropout=0.1, scaler_settings={})
+    batch = inputs(1)
+    synchronize(ctx.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILE_STEPS):
+            step(*batch)
+        synchronize(ctx.device)
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.self_device_time_total for e in kernels)
+    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    del step
+    return {
+        "kernel_ms_per_step": total_us / 1e3 / PROFILE_STEPS,
+        "kernels_per_step": sum(e.count for e in kernels) / PROFILE_STEPS,
+        "top": [
+            {"name": e.key[:120], "ms_per_step": e.self_device_time_total / 1e3 / PROFILE_STEPS, "calls": e.count}
+            for e in kernels[:top]
+        ],
+    }
+
+
 # ---- numerics ----
 
 
@@ -246,7 +278,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     numerics_recipes = [r for r in NUMERICS_RECIPES if r in recipes]
     models = list(MODELS)
     ctx.progress.reset(total=len(models) * (len(recipes) + len(numerics_recipes)))
-    rows, numerics, skipped = [], {}, {}
+    rows, numerics, skipped, profiles = [], {}, {}, {}
     for name in models:
         why = _available(name, ctx)
         if why is not None:
@@ -260,6 +292,12 @@ def run(ctx: RunContext) -> dict[str, Any]:
             except Exception as exc:  # a failed recipe is reported, not fatal to the other rows
                 rows.append({"model": name, "recipe": recipe, "error": f"{type(exc).__name__}: {exc}"[:500]})
             ctx.progress.update()
+        if ctx.device.type == "cuda" and name in PROFILE_MODELS:
+            for recipe in ("ampkernels", "ampkernels-graphed"):
+                try:
+                    profiles.setdefault(name, {})[recipe] = _kernel_profile(name, recipe, ctx)
+                except Exception as exc:
+                    profiles.setdefault(name, {})[recipe] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         runs = {}
         for recipe in numerics_recipes:
             ctx.progress.set_postfix_str(f"{name}: {NUMERICS_STEPS} steps, {recipe}")
@@ -288,6 +326,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "rows": rows,
         "numerics": numerics,
         "skipped": skipped,
+        "kernel_profiles": profiles,
         "notes": [
             f"numerics: {NUMERICS_STEPS} steps, overflows injected at steps {list(OVERFLOW_STEPS)}, dropout 0, "
             f"scaler {NUMERICS_SCALER}; compared with stock-fused (torch.amp.GradScaler + torch fused AdamW)",
@@ -323,6 +362,16 @@ def report(document: dict[str, Any]) -> str:
                 f"{name} {NUMERICS_STEPS}-step run, {recipe} vs stock: scale history "
                 f"{'identical' if cmp['scale_history_equal'] else 'DIFFERS'}, max relative loss difference "
                 f"{cmp['max_relative_loss_difference']:.2e}, final loss {cmp['final_loss']:.4f}"
+            )
+    for name, by_recipe in document.get("kernel_profiles", {}).items():
+        for recipe, prof in by_recipe.items():
+            if "error" in prof:
+                lines.append(f"{name} kernel profile, {recipe}: error {prof['error'][:200]}")
+                continue
+            lines.append(
+                f"{name} kernel profile, {recipe}: {prof['kernel_ms_per_step']:.2f} ms of kernels in "
+                f"{prof['kernels_per_step']:.0f} launches per step; top: "
+                + "; ".join(f"{k['name'][:50]} {k['ms_per_step']:.2f} ms" for k in prof["top"][:4])
             )
     lines += [f"skipped {name}: {why}" for name, why in document["skipped"].items()]
     lines += [f"note: {note}" for note in document["notes"]]
