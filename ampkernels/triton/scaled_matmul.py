@@ -331,6 +331,11 @@ def _sm_count(device_index: int) -> int:
 
 
 @functools.cache
+def _device_name(device_index: int) -> str:
+    return torch.cuda.get_device_name(device_index)
+
+
+@functools.cache
 def _capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
@@ -387,8 +392,16 @@ class Problem:
     found_inf: torch.Tensor | None
 
 
+_DUMMIES: dict[torch.device, torch.Tensor] = {}
+
+
 def _dummy(device: torch.device) -> torch.Tensor:
-    return torch.ones(1, dtype=torch.float32, device=device)
+    """A float32 stand-in for absent scale/bias/flag pointers (never read: masked or compiled out); cached, since
+    allocating and filling one per call costs a kernel launch."""
+    dummy = _DUMMIES.get(device)
+    if dummy is None:
+        dummy = _DUMMIES[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return dummy
 
 
 def _launch_tma(p: Problem, cfg: Config, a_col: bool, b_col: bool, out_tma: bool) -> None:
@@ -556,7 +569,7 @@ def choose_config(p: Problem, plan: Plan) -> Config:
     if not tuning_enabled() or device.type != "cuda" or M * N * K < TUNE_MIN_MACS:
         return _heuristic(plan, M, N, K, device)
     key = (
-        torch.cuda.get_device_name(device),
+        _device_name(device.index if device.index is not None else torch.cuda.current_device()),
         p.a.dtype,
         p.out.dtype,
         plan,
