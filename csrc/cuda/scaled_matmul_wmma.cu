@@ -1,0 +1,144 @@
+// Launcher of the WMMA scaled matmul (kernels: scaled_matmul_wmma.cuh; tuned instantiations:
+// scaled_matmul_wmma_{f16,bf16}.cu). The portable kernels are instantiated here.
+// c10 headers only: ATen/cuda/CUDAContext.h pulls in cuSPARSE/cuBLAS headers a minimal toolkit lacks.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "../checks.h"
+#include "../scaled_matmul.h"
+#include "scaled_matmul_wmma.cuh"
+
+namespace ampkernels {
+namespace wmma_mm {
+
+void raise_smem_limit(const void* kernel, int bytes, int dev, bool* raised_per_device) {
+  if (dev < 64 && raised_per_device[dev]) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  if (dev < 64) raised_per_device[dev] = true;
+}
+
+void check_grid(int64_t blocks, int M, int N) {
+  TORCH_CHECK(blocks < (int64_t(1) << 31),
+              ::ampkernels::message("ampkernels: scaled_matmul_wmma_: an output of ", M, " x ", N,
+                                    " needs more thread blocks than one launch takes"));
+}
+
+void check_last_launch() { C10_CUDA_KERNEL_LAUNCH_CHECK(); }
+
+// The tuned instantiations live in their own files (parallel compilation).
+extern template void launch_tuned<__half, CfgL>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__half, CfgM>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__half, CfgK>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__nv_bfloat16, CfgL>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__nv_bfloat16, CfgM>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__nv_bfloat16, CfgK>(const Params&, bool, bool, int, cudaStream_t);
+
+namespace {
+
+// Compute-capability major and opt-in shared memory per block, read once per device (cudaDeviceGetAttribute is not
+// free on the launch path).
+struct DeviceInfo {
+  int major = 0;
+  int max_smem = 0;
+};
+
+DeviceInfo device_info(int dev) {
+  static DeviceInfo cached[64];
+  if (dev < 64 && cached[dev].major > 0) return cached[dev];
+  DeviceInfo info;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (dev < 64) cached[dev] = info;
+  return info;
+}
+
+template <typename C>
+bool fits(int max_smem) {
+  return smem_bytes<C, true, true>() <= max_smem && smem_bytes<C, true, false>() <= max_smem &&
+         smem_bytes<C, false, true>() <= max_smem && smem_bytes<C, false, false>() <= max_smem;
+}
+
+template <typename C>
+void set_tiles(Params& p) {
+  p.tiles_m = (p.M + C::BM - 1) / C::BM;
+  p.tiles_n = (p.N + C::BN - 1) / C::BN;
+}
+
+template <typename T>
+void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
+  const DeviceInfo info = device_info(dev);
+  // NOTE: AMPK_WMMA_TILE forces a configuration for dev/wmma/bench.py: 128x256 (default), 128x128, 128x256x64,
+  // portable.
+  const char* forced = std::getenv("AMPK_WMMA_TILE");
+  const std::string tile = forced != nullptr ? forced : "";
+  if (info.major >= 8 && vec && tile != "portable") {
+    if (tile == "128x128" && fits<CfgM>(info.max_smem)) {
+      set_tiles<CfgM>(p);
+      return launch_tuned<T, CfgM>(p, p.row_a, p.row_b, dev, stream);
+    }
+    if (tile == "128x256x64" && fits<CfgK>(info.max_smem)) {
+      set_tiles<CfgK>(p);
+      return launch_tuned<T, CfgK>(p, p.row_a, p.row_b, dev, stream);
+    }
+    if (fits<CfgL>(info.max_smem)) {
+      set_tiles<CfgL>(p);
+      return launch_tuned<T, CfgL>(p, p.row_a, p.row_b, dev, stream);
+    }
+  }
+  set_tiles<CfgP>(p);
+  launch_one<T, CfgP, true, true, false>(p, dev, stream);
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+}  // namespace wmma_mm
+
+// Args: the checked arguments of ampkernels::scaled_matmul_wmma_ (scaled_matmul_ops.cpp), on one CUDA device.
+// Returns: nothing; writes out (and found_inf[0] = 1 if a stored value is not finite) on the current stream.
+void scaled_matmul_wmma_cuda(const ScaledMatmulArgs& args) {
+  using namespace wmma_mm;
+  const at::Tensor& a = args.a;
+  const int64_t M = a.size(0), K = a.size(1), N = args.b.size(1);
+  if (M == 0 || N == 0) return;
+  const c10::cuda::CUDAGuard guard(a.device());
+  const int dev = a.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev);
+  const bool bf16 = a.scalar_type() == at::kBFloat16;
+  AMPK_CHECK_ARG(!bf16 || device_info(dev).major >= 8, "a",
+                 "bfloat16 tensor-core matmul needs compute capability 8.0 or newer; use float16 on this GPU");
+
+  Params p{};
+  p.a = static_cast<const uint16_t*>(a.data_ptr());
+  p.b = static_cast<const uint16_t*>(args.b.data_ptr());
+  p.lda = args.la.ld;
+  p.ldb = args.lb.ld;
+  p.row_a = args.la.row_major;
+  p.row_b = args.lb.row_major;
+  p.M = static_cast<int>(M);
+  p.N = static_cast<int>(N);
+  p.K = static_cast<int>(K);
+  p.scale = args.scale.defined() ? args.scale.data_ptr<float>() : nullptr;
+  p.scale_mode = static_cast<int>(args.scale_mode);
+  p.alpha = static_cast<float>(args.alpha);
+  p.bias = args.bias.defined() ? args.bias.data_ptr() : nullptr;
+  p.bias_kind = !args.bias.defined() ? kBiasNone : (args.bias.scalar_type() == at::kFloat ? kBiasF32 : kBiasInput);
+  p.out = args.out.data_ptr();
+  const at::ScalarType od = args.out.scalar_type();
+  p.out_kind = od == at::kFloat ? kOutF32 : (od == at::kHalf ? kOutF16 : kOutBF16);
+  p.accumulate = args.accumulate;
+  p.out_vec = aligned16(p.out) && N % 8 == 0;
+  p.found_inf = args.found_inf.defined() ? args.found_inf.data_ptr<float>() : nullptr;
+  // 16-byte copies need 16-byte-aligned bases and row strides (a multiple of 8 elements).
+  const bool vec = aligned16(p.a) && aligned16(p.b) && p.lda % 8 == 0 && p.ldb % 8 == 0;
+  if (bf16)
+    dispatch<__nv_bfloat16>(p, vec, dev, stream);
+  else
+    dispatch<__half>(p, vec, dev, stream);
+}
+
+}  // namespace ampkernels
