@@ -6,7 +6,17 @@
 
 from ampkernels import ops, reference
 from ampkernels.grad_scaler import FusedGradScaler
+from ampkernels.optimizers import FusedAdam, FusedAdamW, FusedSGD
 from ampkernels.telemetry import plot_scale_history
 
 __version__ = "0.1.0"
-__all__ = ["FusedGradScaler", "ops", "plot_scale_history", "reference", "__version__"]
+__all__ = [
+    "FusedAdam",
+    "FusedAdamW",
+    "FusedGradScaler",
+    "FusedSGD",
+    "ops",
+    "plot_scale_history",
+    "reference",
+    "__version__",
+]
