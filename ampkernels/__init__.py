@@ -7,13 +7,17 @@
 from ampkernels import ops, reference
 from ampkernels.cuda_graph import CapturedStep, capture_step
 from ampkernels.grad_scaler import FusedGradScaler
+from ampkernels.optimizers import FusedAdam, FusedAdamW, FusedSGD
 from ampkernels.scaled_matmul import ScaledLinear, scaled_matmul
 from ampkernels.telemetry import plot_scale_history
 
 __version__ = "0.1.0"
 __all__ = [
     "CapturedStep",
+    "FusedAdam",
+    "FusedAdamW",
     "FusedGradScaler",
+    "FusedSGD",
     "ScaledLinear",
     "ops",
     "plot_scale_history",

@@ -175,3 +175,158 @@ def scaled_matmul(
         out.copy_(result)
         return out
     return result
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Fused optimizer steps (ampkernels.FusedAdam / FusedAdamW / FusedSGD)
+# --------------------------------------------------------------------------------------------------------------------
+#
+# The math of torch.optim.Adam/AdamW/SGD (single-tensor and foreach forms) in float32 whatever the storage dtype,
+# with the scaler contract of torch's fused optimizers: gradients are divided by ``grad_scale`` (multiplied by
+# fp32(1 / fp64(grad_scale))) and only read; a non-zero ``found_inf`` skips the step entirely (parameters, state and
+# step counts unchanged). Written with tensor ops only: no host synchronization, so it also runs on CUDA tensors
+# without one. These are the references of the kernels and the last fallback of the optimizers.
+
+
+def _skip_where(skip: torch.Tensor | None, old: torch.Tensor, new: torch.Tensor) -> None:
+    """``old = skip ? old : new`` in place (``new`` rounded to ``old``'s dtype)."""
+    new = new.to(old.dtype)
+    old.copy_(new if skip is None else torch.where(skip, old, new))
+
+
+def _scaled_grad(grad: torch.Tensor, grad_scale: torch.Tensor | None, maximize: bool) -> torch.Tensor:
+    g = grad.float()
+    if grad_scale is not None:
+        g = g * inv_scale_of(grad_scale).to(g.device).reshape(())
+    return -g if maximize else g
+
+
+def _lr_float64(lr: float | torch.Tensor, device: torch.device) -> float | torch.Tensor:
+    return lr.to(device, torch.float64).reshape(()) if isinstance(lr, torch.Tensor) else float(lr)
+
+
+def adam_step(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    exp_avgs: Sequence[torch.Tensor],
+    exp_avg_sqs: Sequence[torch.Tensor],
+    max_exp_avg_sqs: Sequence[torch.Tensor],
+    steps: Sequence[torch.Tensor],
+    *,
+    lr: float | torch.Tensor,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled_weight_decay: bool,
+    grad_scale: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
+    master_params: Sequence[torch.Tensor] = (),
+) -> None:
+    """One Adam (``decoupled_weight_decay=False``) or AdamW step, in place; torch.optim.Adam/AdamW's math.
+
+    Args:
+        params: parameters (float32/float16/bfloat16); with ``master_params`` they receive the rounded master values.
+        grads: one gradient per parameter (any float dtype), only read; divided by ``grad_scale`` when given.
+        exp_avgs, exp_avg_sqs: first and second moments, one per parameter, parameter-shaped.
+        max_exp_avg_sqs: with ``amsgrad``, the running maximum of the second moment; else ignored (may be empty).
+        steps: float32 1-element step counts, advanced by one (unless skipped); the bias corrections use the new count.
+        lr: learning rate, a float or a 1-element tensor (read on the device).
+        beta1, beta2, eps, weight_decay, amsgrad, maximize: as torch.optim.Adam.
+        decoupled_weight_decay: ``True`` for AdamW (``p *= 1 - lr * weight_decay``), else L2 added to the gradient.
+        grad_scale: optional float32 1-element tensor the gradients are divided by (loss scale / clip coefficient).
+        found_inf: optional float32 1-element tensor; non-zero skips the whole step.
+        master_params: optional float32 master copies of float16/bfloat16 parameters (the math reads these).
+
+    Per element, in float32 (``lerp`` and ``addcmul`` as torch evaluates them)::
+
+        g = grad * inv_scale (negated if maximize);  p = master or param
+        p = p * (1 - lr * wd)  if decoupled  else  g = g + wd * p
+        m = lerp(m, g, 1 - beta1);  v = v * beta2 + (1 - beta2) * g * g;  vmax = max(vmax, v) if amsgrad
+        step += 1;  step_size = lr / (1 - beta1^step);  bc2_sqrt = sqrt(1 - beta2^step)   (float64, rounded once)
+        p = p - step_size * (m / (sqrt(vmax or v) / bc2_sqrt + eps))
+    """
+    for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
+        dev = param.device
+        skip = (found_inf.to(dev).reshape(()) != 0) if found_inf is not None else None
+        lr64 = _lr_float64(lr, dev)
+        holder = master_params[i] if master_params else param
+        p = holder.float()
+        g = _scaled_grad(grad.to(dev), grad_scale, maximize)
+        if weight_decay != 0:
+            if decoupled_weight_decay:
+                p = p * torch.as_tensor(1 - lr64 * weight_decay, device=dev).float()
+            else:
+                g = g + weight_decay * p
+        m = torch.lerp(exp_avgs[i].float(), g, 1 - beta1)
+        v = torch.addcmul(exp_avg_sqs[i].float() * beta2, g, g, value=1 - beta2)
+        second = v
+        if amsgrad:
+            vmax = torch.maximum(max_exp_avg_sqs[i].float(), v)
+            second = vmax
+        new_step = steps[i].to(dev).float() + 1
+        step_size = (lr64 / (1 - beta1 ** new_step.double())).float()
+        bc2_sqrt = (1 - beta2 ** new_step.double()).sqrt().float()
+        p = p - step_size * (m / (second.sqrt() / bc2_sqrt + eps))
+        _skip_where(skip, exp_avgs[i], m)
+        _skip_where(skip, exp_avg_sqs[i], v)
+        if amsgrad:
+            _skip_where(skip, max_exp_avg_sqs[i], vmax)
+        if master_params:
+            _skip_where(skip, master_params[i], p)
+        _skip_where(skip, param, p)
+        _skip_where(skip, steps[i], new_step.reshape(steps[i].shape))
+
+
+def sgd_step(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    momentum_buffers: Sequence[torch.Tensor],
+    steps: Sequence[torch.Tensor],
+    *,
+    lr: float | torch.Tensor,
+    momentum: float,
+    dampening: float,
+    weight_decay: float,
+    nesterov: bool,
+    maximize: bool,
+    grad_scale: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
+    master_params: Sequence[torch.Tensor] = (),
+) -> None:
+    """One SGD step, in place; torch.optim.SGD's math.
+
+    Args:
+        params, grads, grad_scale, found_inf, master_params: as :func:`adam_step`.
+        momentum_buffers: with ``momentum != 0``, one buffer per parameter; else ignored (may be empty).
+        steps: with ``momentum != 0``, float32 1-element counts of applied steps (0: the buffer is not yet
+            initialised, so this step sets it to the gradient, as torch does on its first step); advanced by one.
+        lr: a float or a 1-element tensor. momentum, dampening, weight_decay, nesterov, maximize: as torch.optim.SGD.
+
+    Per element, in float32::
+
+        g = grad * inv_scale (negated if maximize);  g = g + wd * p
+        buf = g  on the first step, else  buf * momentum + (1 - dampening) * g
+        g = g + momentum * buf  if nesterov  else  buf;   p = p - lr * g
+    """
+    for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
+        dev = param.device
+        skip = (found_inf.to(dev).reshape(()) != 0) if found_inf is not None else None
+        holder = master_params[i] if master_params else param
+        p = holder.float()
+        g = _scaled_grad(grad.to(dev), grad_scale, maximize)
+        if weight_decay != 0:
+            g = g + weight_decay * p
+        if momentum != 0:
+            first = steps[i].to(dev).reshape(()) == 0
+            buf = torch.where(first, g, momentum_buffers[i].float() * momentum + (1 - dampening) * g)
+            g = g + momentum * buf if nesterov else buf
+            _skip_where(skip, momentum_buffers[i], buf)
+            _skip_where(skip, steps[i], steps[i].float() + 1)
+        lr32 = lr.to(dev, torch.float32).reshape(()) if isinstance(lr, torch.Tensor) else lr
+        p = p - lr32 * g
+        if master_params:
+            _skip_where(skip, master_params[i], p)
+        _skip_where(skip, param, p)

@@ -27,7 +27,7 @@ from benchmarks.common import (
 )
 from benchmarks.param_sets import CPU_SHRINK, PARAM_SETS
 
-BENCHMARK_MODULES = ("bench_grad_scaler", "bench_training", "bench_scaled_matmul")
+BENCHMARK_MODULES = ("bench_grad_scaler", "bench_optimizers", "bench_training", "bench_scaled_matmul")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 # NOTE: loops of >= 50 ms keep the launch and clock jitter of a GPU loop near 1%; on the CPU 20 ms loops keep the

@@ -360,6 +360,9 @@ bool same_params(const pybind11::list& groups, const pybind11::tuple& flat) {
   return k == total;
 }
 
+// Defined in optimizer_ops.cpp (one PYBIND11_MODULE per extension, so the optimizer tables register from here).
+void register_optimizer_bindings(pybind11::module& m);
+
 }  // namespace ampkernels
 
 TORCH_LIBRARY(ampkernels, m) {
@@ -409,4 +412,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("per_tensor"), pybind11::arg("max_norm"), pybind11::arg("revalidate") = true)
       .def("sparse_params", &ampkernels::GradTable::sparse_params)
       .def_property_readonly("rebuilds", &ampkernels::GradTable::rebuilds);
+  ampkernels::register_optimizer_bindings(m);
 }

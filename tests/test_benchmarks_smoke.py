@@ -122,3 +122,19 @@ def test_training_benchmark_smoke(tmp_path):
         assert len(run["loss"]) == bench_training.NUMERICS_STEPS
         assert all(not math.isfinite(run["loss"][step - 1]) for step in bench_training.OVERFLOW_STEPS)
     assert "mlp-800" in bench_training.report(document)
+
+
+def test_optimizers_benchmark_smoke(tmp_path):
+    pytest.importorskip("tqdm")
+    from benchmarks import bench_optimizers
+    from benchmarks.__main__ import main
+
+    args = ["--quick", "--only", "optimizers", "--sets", "many-small", "--shrink", "64", "--out", str(tmp_path)]
+    assert main([*args, "--no-plot"]) == 0
+    (json_path,) = tmp_path.glob("optimizers_*.json")
+    document = json.loads(json_path.read_text())
+    rows = document["rows"]
+    assert [row["implementation"] for row in rows] == ["stock-fused", "stock-foreach", "ampkernels"]
+    assert all(row["wall_ms"] > 0 and 0 < row["pct_of_copy"] and row["num_tensors"] == 10_000 // 64 for row in rows)
+    assert rows[0]["speedup_over_stock"] == 1.0
+    assert "many-small" in bench_optimizers.report(document)

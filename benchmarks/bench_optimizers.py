@@ -1,0 +1,123 @@
+"""The optimizer step alone: ``ampkernels.FusedAdamW`` against torch's ``AdamW(fused=True)`` and ``(foreach=True)``.
+
+Per parameter set, on copies of the same fp32 parameters and gradients in the same run, the step alone (no scaler,
+no clipping; a step updates the parameters, which does not change the work). Floor: AdamW in fp32 reads p, g, m, v
+and writes p, m, v: 28 B/param at the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ampkernels import FusedAdamW
+from benchmarks.common import format_table, free_device_memory, plot_grouped_bars, time_interleaved
+from benchmarks.param_sets import PARAM_SETS, make_params
+
+NAME = "optimizers"
+FLOOR_BYTES_PER_PARAM = 28
+STOCK = "stock-fused"
+# implementation -> label; the first is the baseline of the speedups.
+IMPLEMENTATIONS = {
+    STOCK: "torch AdamW(fused=True)",
+    "stock-foreach": "torch AdamW(foreach=True)",
+    "ampkernels": "ampkernels FusedAdamW",
+}
+OPTIONS = dict(lr=1e-3, weight_decay=0.01)
+TIMING_NOTE = "time = wall time per step (host work included); GB/s = 28 B/param / time"
+
+
+def _optimizer(implementation: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if implementation == "ampkernels":
+        return FusedAdamW(params, **OPTIONS)
+    return torch.optim.AdamW(params, fused=implementation == STOCK, foreach=implementation != STOCK, **OPTIONS)
+
+
+def _copies(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for c, p in zip(copies, params, strict=True):
+        c.grad = p.grad.clone()
+    return copies
+
+
+def run(ctx) -> dict[str, Any]:
+    ctx.progress.reset(total=len(ctx.sets))
+    rows: list[dict[str, Any]] = []
+    param_sets: dict[str, dict[str, Any]] = {}
+    for set_name in ctx.sets:
+        shapes = PARAM_SETS[set_name](ctx.shrink)
+        base = make_params(shapes, ctx.device)
+        num_params = sum(p.numel() for p in base)
+        param_sets[set_name] = {"num_tensors": len(base), "num_params": num_params}
+        optimizers = {}
+        for implementation in IMPLEMENTATIONS:
+            optimizers[implementation] = _optimizer(implementation, _copies(base) if optimizers else base)
+        timings = time_interleaved(
+            {name: opt.step for name, opt in optimizers.items()}, ctx.device, ctx.repeats, ctx.target_loop_s
+        )
+        floor_bytes = FLOOR_BYTES_PER_PARAM * num_params
+        floor_ms = floor_bytes / (ctx.copy_bandwidth_gbs * 1e9) * 1e3
+        stock_ms = timings[STOCK].median_wall_ms
+        for implementation, timing in timings.items():
+            wall_ms = timing.median_wall_ms
+            gbs = floor_bytes / (wall_ms * 1e-3) / 1e9
+            rows.append(
+                {
+                    "set": set_name,
+                    "implementation": implementation,
+                    "label": IMPLEMENTATIONS[implementation],
+                    "num_tensors": len(base),
+                    "num_params": num_params,
+                    "iterations": timing.iterations,
+                    "repeats": len(timing.wall_ms),
+                    "wall_ms": wall_ms,
+                    "wall_ms_per_repeat": timing.wall_ms,
+                    "device_ms": timing.median_device_ms,
+                    "floor_ms": floor_ms,
+                    "gbs": gbs,
+                    "pct_of_copy": 100.0 * gbs / ctx.copy_bandwidth_gbs,
+                    "x_floor": wall_ms / floor_ms,
+                    "speedup_over_stock": stock_ms / wall_ms,
+                }
+            )
+        del optimizers, base
+        free_device_memory(ctx.device)
+        ctx.progress.update(1)
+    return {"param_sets": param_sets, "notes": [TIMING_NOTE], "warnings": [], "rows": rows}
+
+
+def _format_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
+def report(document: dict[str, Any]) -> str:
+    headers = ["set", "implementation", "iters", "time ms", "device ms", "GB/s", "% copy", "x floor", "speedup"]
+    table_rows = [
+        [
+            row["set"],
+            row["label"],
+            str(row["iterations"]),
+            _format_ms(row["wall_ms"]),
+            _format_ms(row["device_ms"]),
+            f"{row['gbs']:.1f}",
+            f"{row['pct_of_copy']:.0f}%",
+            f"{row['x_floor']:.2f}",
+            f"{row['speedup_over_stock']:.2f}x",
+        ]
+        for row in document["rows"]
+    ]
+    set_lines = [
+        f"{name}: {info['num_tensors']} tensors, {info['num_params'] / 1e6:.2f}M params"
+        for name, info in document["param_sets"].items()
+    ]
+    notes = [f"note: {note}" for note in document["notes"]]
+    return "\n".join([format_table(headers, table_rows, "llrrrrrrr"), "", *set_lines, *notes, *document["warnings"]])
+
+
+def plot(document: dict[str, Any], path: Path, title: str) -> bool:
+    time_ms = {(row["set"], row["implementation"]): row["wall_ms"] for row in document["rows"]}
+    sets = list(document["param_sets"])
+    series = {label: [time_ms.get((s, impl)) for s in sets] for impl, label in IMPLEMENTATIONS.items()}
+    return plot_grouped_bars(path, title, {"AdamW step": (sets, series)}, ylabel="time per step, ms (log)")

@@ -1,0 +1,394 @@
+// The fused optimizer steps: the torch.library ops (a functional form taking every list) and OptimizerTable, the
+// per-(param group, device, dtype) launch table the FusedAdam/FusedAdamW/FusedSGD classes keep, so that a step's
+// host work is one C++ pass over the parameters (no Python loop, no list conversion through the dispatcher).
+#include <torch/csrc/autograd/variable.h>
+#include <torch/extension.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checks.h"
+#include "optimizer.h"
+
+namespace ampkernels {
+namespace {
+
+void dispatch_launch(const OptimizerLaunch& l) {
+  if (l.table->device().is_cuda()) {
+#ifdef AMPK_WITH_CUDA
+    optimizer_step_cuda(l);
+#else
+    TORCH_CHECK(false, "ampkernels: the native extension was built without CUDA; rebuild it with a CUDA toolkit "
+                       "(pip install --no-build-isolation -e .) or use backend='triton'");
+#endif
+  } else {
+    optimizer_step_cpu(l);
+  }
+}
+
+bool is_optimizer_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+void check_optional_scalar(const std::optional<at::Tensor>& t, const char* name, at::Device device) {
+  if (!t.has_value()) return;
+  AMPK_CHECK_SCALAR_FLOAT(*t, name);
+  AMPK_CHECK_ARG(t->device() == device, name, "expected a tensor on ", device, ", got one on ", t->device());
+}
+
+// p.grad() without the dispatch through VariableHooks (see GradTable in ops.cpp).
+const at::Tensor* grad_of(const at::Tensor& p) {
+  auto* meta = static_cast<torch::autograd::AutogradMeta*>(p.unsafeGetTensorImpl()->autograd_meta());
+  if (meta == nullptr || !meta->grad_.defined()) return nullptr;
+  return &meta->grad_;
+}
+
+// The launch table of one (device, parameter dtype, gradient dtype) bucket: the parameters and their state are fixed
+// at construction; the gradients are re-read on every step (their memory may move between steps).
+class OptimizerTable {
+ public:
+  // `state[k]` is list k + 1 of OptimizerList (exp_avg .. step), empty when absent, else one tensor per parameter.
+  // `watch`: parameters of the same param group that had no gradient when the table was built; a step returns
+  // false (nothing launched) once any of them has one, and the caller rebuilds.
+  OptimizerTable(OptimizerKind kind, std::vector<at::Tensor> params, std::vector<std::vector<at::Tensor>> state,
+                 std::vector<at::Tensor> watch, at::ScalarType grad_dtype)
+      : kind_(kind), params_(std::move(params)), state_(std::move(state)), watch_(std::move(watch)),
+        grad_dtype_(grad_dtype) {
+    AMPK_CHECK_ARG(!params_.empty(), "params", "expected at least one parameter");
+    AMPK_CHECK_ARG(static_cast<int>(state_.size()) == kNumLists - 1, "state", "expected ", kNumLists - 1, " lists");
+    device_ = params_[0].device();
+    param_dtype_ = params_[0].scalar_type();
+    state_dtype_ = param_dtype_;
+    AMPK_CHECK_ARG(device_.is_cpu() || device_.is_cuda(), "params", "no kernels for parameters on ", device_);
+    AMPK_CHECK_ARG(is_optimizer_dtype(param_dtype_), "params", "parameter dtype ", param_dtype_,
+                   " is not supported (float32, float16, bfloat16)");
+    AMPK_CHECK_ARG(is_optimizer_dtype(grad_dtype_), "grad_dtype", "gradient dtype ", grad_dtype_,
+                   " is not supported (float32, float16, bfloat16)");
+    const int64_t n = static_cast<int64_t>(params_.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor& p = params_[i];
+      AMPK_CHECK_ARG(p.device() == device_ && p.scalar_type() == param_dtype_, "params", "parameter ", i, " is ",
+                     p.scalar_type(), " on ", p.device(), ", expected ", param_dtype_, " on ", device_);
+      AMPK_CHECK_ARG(p.is_non_overlapping_and_dense(), "params", "parameter ", i,
+                     " is not non-overlapping and dense (a strided view); the fused kernels walk its memory");
+    }
+    for (int k = 0; k < kNumLists - 1; ++k) {
+      const auto& list = state_[k];
+      if (list.empty()) continue;
+      const int which = k + 1;
+      const char* name = which == kStepList ? "step" : which == kMasterList ? "master_param" : "state";
+      AMPK_CHECK_ARG(static_cast<int64_t>(list.size()) == n, name, "expected ", n, " tensors, got ", list.size());
+      for (int64_t i = 0; i < n; ++i) {
+        const at::Tensor& s = list[i];
+        AMPK_CHECK_ARG(s.device() == device_, name, "tensor ", i, " is on ", s.device(), ", expected ", device_);
+        if (which == kStepList) {
+          AMPK_CHECK_ARG(s.scalar_type() == at::kFloat && s.numel() == 1, name, "tensor ", i,
+                         " must be a 1-element float32 tensor");
+          continue;
+        }
+        const bool fp32_only = which == kMasterList;
+        if (!fp32_only && i == 0 && k == 0) state_dtype_ = s.scalar_type();
+        AMPK_CHECK_ARG(s.scalar_type() == (fp32_only ? at::kFloat : state_dtype_), name, "tensor ", i, " has dtype ",
+                       s.scalar_type(), ", expected ", fp32_only ? at::kFloat : state_dtype_);
+        AMPK_CHECK_ARG(s.sizes() == params_[i].sizes() && s.strides() == params_[i].strides(), name, "tensor ", i,
+                       " must have the shape and strides of its parameter");
+      }
+    }
+    const bool has_master = !state_[kMasterList - 1].empty();
+    AMPK_CHECK_ARG(has_master == (state_dtype_ != param_dtype_), "state",
+                   "state in float32 for float16/bfloat16 parameters needs master weights, and only then");
+    AMPK_CHECK_ARG(state_dtype_ == param_dtype_ || state_dtype_ == at::kFloat, "state", "state dtype ", state_dtype_,
+                   " for ", param_dtype_, " parameters");
+    table_ = std::make_unique<TensorTable>(params_, device_);
+    TORCH_INTERNAL_ASSERT(table_->groups().size() == 1, "one parameter dtype per table");
+    param_ptrs_.reserve(n);
+    for (const auto& p : params_) param_ptrs_.push_back(p.data_ptr());
+    host_lists_.assign(kNumLists * n, 0);
+    for (int k = 0; k < kNumLists - 1; ++k)
+      for (size_t i = 0; i < state_[k].size(); ++i)
+        host_lists_[(k + 1) * n + i] = reinterpret_cast<int64_t>(state_[k][i].data_ptr());
+    grad_ptrs_.assign(n, nullptr);
+    staged_.assign(n, at::Tensor());
+    scalars_ = at::empty({n, 2}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  }
+
+  // Re-reads the gradients. False: a parameter lost its gradient or changed, a watched one gained one, or a
+  // gradient changed dtype or layout type: the caller must rebuild the table. Re-uploads the gradient addresses
+  // when any gradient moved.
+  // `grads`: the gradients to use instead of the parameters' .grad (the functional ops), or null.
+  bool refresh(const std::vector<at::Tensor>* grads = nullptr) {
+    for (const auto& w : watch_)
+      if (grad_of(w) != nullptr) return false;
+    const int64_t n = static_cast<int64_t>(params_.size());
+    bool moved = !lists_.defined();
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor& p = params_[i];
+      if (p.data_ptr() != param_ptrs_[i]) return false;
+      const at::Tensor* g = grads != nullptr ? &(*grads)[i] : grad_of(p);
+      if (g == nullptr || g->layout() != at::kStrided || g->scalar_type() != grad_dtype_ || g->device() != device_)
+        return false;
+      const void* ptr = g->data_ptr();
+      if (ptr == grad_ptrs_[i]) continue;
+      // A gradient laid out unlike its parameter is read through a copy in the parameter's layout.
+      const bool same_layout = g->strides() == p.strides();
+      if (!same_layout && !staged_[i].defined()) staged_[i] = at::empty_like(p, p.options().dtype(grad_dtype_));
+      if (same_layout) staged_[i] = at::Tensor();
+      grad_ptrs_[i] = ptr;
+      host_lists_[kGradList * n + i] = reinterpret_cast<int64_t>(same_layout ? ptr : staged_[i].data_ptr());
+      moved = true;
+    }
+    if (moved) upload();
+    current_grads_ = grads;
+    return true;
+  }
+
+  bool step_adam(double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2, double eps,
+                 double weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay,
+                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                 const std::vector<at::Tensor>* grads = nullptr) {
+    AMPK_CHECK_ARG(kind_ == OptimizerKind::kAdam, "step_adam", "this table was built for SGD");
+    AMPK_CHECK_ARG(!amsgrad || !state_[kMaxExpAvgSqList - 1].empty(), "amsgrad",
+                   "the table has no max_exp_avg_sq tensors");
+    if (!refresh(grads)) return false;
+    OptimizerLaunch l = make_launch(lr, lr_tensor, grad_scale, found_inf);
+    l.adam.beta1 = beta1;
+    l.adam.beta2 = beta2;
+    l.adam.beta2_f = static_cast<float>(beta2);
+    l.adam.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+    l.adam.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+    l.adam.eps = static_cast<float>(eps);
+    l.adam.weight_decay = static_cast<float>(weight_decay);
+    l.adam.amsgrad = amsgrad;
+    l.adam.maximize = maximize;
+    l.adam.decoupled_weight_decay = decoupled_weight_decay;
+    launch(l);
+    return true;
+  }
+
+  bool step_sgd(double lr, const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
+                double weight_decay, bool nesterov, bool maximize, const std::optional<at::Tensor>& grad_scale,
+                const std::optional<at::Tensor>& found_inf, const std::vector<at::Tensor>* grads = nullptr) {
+    AMPK_CHECK_ARG(kind_ == OptimizerKind::kSgd, "step_sgd", "this table was built for Adam");
+    AMPK_CHECK_ARG(momentum == 0.0 || (!state_[kExpAvgList - 1].empty() && !state_[kStepList - 1].empty()),
+                   "momentum", "momentum needs momentum_buffer and step tensors");
+    if (!refresh(grads)) return false;
+    OptimizerLaunch l = make_launch(lr, lr_tensor, grad_scale, found_inf);
+    l.sgd.momentum = static_cast<float>(momentum);
+    l.sgd.one_minus_dampening = static_cast<float>(1.0 - dampening);
+    l.sgd.weight_decay = static_cast<float>(weight_decay);
+    l.sgd.nesterov = nesterov;
+    l.sgd.maximize = maximize;
+    launch(l);
+    return true;
+  }
+
+  int64_t uploads() const { return uploads_; }
+
+ private:
+  OptimizerLaunch make_launch(double lr, const std::optional<at::Tensor>& lr_tensor,
+                              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+    check_optional_scalar(grad_scale, "grad_scale", device_);
+    check_optional_scalar(found_inf, "found_inf", device_);
+    check_optional_scalar(lr_tensor, "lr", device_);
+    OptimizerLaunch l;
+    l.kind = kind_;
+    l.table = table_.get();
+    l.lists = lists_;
+    l.scalars = scalars_;
+    l.param_dtype = param_dtype_;
+    l.grad_dtype = grad_dtype_;
+    l.state_dtype = state_dtype_;
+    if (grad_scale.has_value()) l.grad_scale = *grad_scale;
+    if (found_inf.has_value()) l.found_inf = *found_inf;
+    if (lr_tensor.has_value()) l.lr_tensor = *lr_tensor;
+    l.lr = lr;
+    return l;
+  }
+
+  void launch(const OptimizerLaunch& l) {
+    for (size_t i = 0; i < staged_.size(); ++i)
+      if (staged_[i].defined()) staged_[i].copy_(current_grads_ != nullptr ? (*current_grads_)[i] : params_[i].grad());
+    dispatch_launch(l);
+  }
+
+  void upload() {
+    // A fresh pinned buffer every time: the previous one may still be read by an asynchronous copy.
+    const auto opts = at::TensorOptions().dtype(at::kLong).pinned_memory(device_.is_cuda());
+    at::Tensor host = at::empty({static_cast<int64_t>(host_lists_.size())}, opts);
+    std::copy(host_lists_.begin(), host_lists_.end(), host.data_ptr<int64_t>());
+    lists_ = device_.is_cpu() ? host : host.to(device_, /*non_blocking=*/true);
+    ++uploads_;
+  }
+
+  OptimizerKind kind_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::vector<at::Tensor>> state_;
+  std::vector<at::Tensor> watch_;
+  at::ScalarType grad_dtype_, param_dtype_ = at::kFloat, state_dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;
+  std::unique_ptr<TensorTable> table_;
+  std::vector<const void*> param_ptrs_, grad_ptrs_;
+  std::vector<int64_t> host_lists_;
+  std::vector<at::Tensor> staged_;  // per parameter: a copy of its gradient in its layout, when they differ
+  at::Tensor lists_, scalars_;
+  const std::vector<at::Tensor>* current_grads_ = nullptr;  // the explicit gradients of the step in progress
+  int64_t uploads_ = 0;
+};
+
+OptimizerKind kind_of(const std::string& kind) {
+  if (kind == "adam") return OptimizerKind::kAdam;
+  AMPK_CHECK_ARG(kind == "sgd", "kind", "expected 'adam' or 'sgd', got '", kind, "'");
+  return OptimizerKind::kSgd;
+}
+
+// ---- the functional ops: every list passed in, tables cached while the tensors stay the same ----
+
+struct OpTableCache {
+  struct Entry {
+    std::vector<at::Tensor> key;  // every tensor the table was built from (params, grads, state)
+    std::shared_ptr<OptimizerTable> table;
+  };
+  static constexpr size_t kEntries = 8;
+  std::deque<Entry> entries;
+  std::mutex mutex;
+
+  static bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!a[i].is_same(b[i])) return false;
+    return true;
+  }
+
+  std::shared_ptr<OptimizerTable> get(OptimizerKind kind, const std::vector<at::Tensor>& params,
+                                      const std::vector<std::vector<at::Tensor>>& state, at::ScalarType grad_dtype) {
+    std::vector<at::Tensor> key(params);
+    for (const auto& list : state) key.insert(key.end(), list.begin(), list.end());
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (auto it = entries.begin(); it != entries.end(); ++it) {
+      if (same(it->key, key)) {
+        Entry hit = *it;
+        entries.erase(it);
+        entries.push_front(hit);
+        return hit.table;
+      }
+    }
+    auto table = std::make_shared<OptimizerTable>(kind, params, state, std::vector<at::Tensor>{}, grad_dtype);
+    entries.push_front({std::move(key), table});
+    if (entries.size() > kEntries) entries.pop_back();
+    return table;
+  }
+};
+
+OpTableCache& op_cache() {
+  static OpTableCache& cache = *new OpTableCache();  // never destroyed: it holds device memory (see ops.cpp)
+  return cache;
+}
+
+std::shared_ptr<OptimizerTable> op_table(OptimizerKind kind, at::TensorList params, at::TensorList grads,
+                                         const std::vector<std::vector<at::Tensor>>& state) {
+  AMPK_CHECK_ARG(params.size() == grads.size(), "grads", "expected ", params.size(), " tensors, got ", grads.size());
+  AMPK_CHECK_ARG(!params.empty(), "params", "expected at least one parameter");
+  const at::ScalarType grad_dtype = grads[0].scalar_type();
+  for (size_t i = 0; i < grads.size(); ++i) {
+    AMPK_CHECK_ARG(grads[i].scalar_type() == grad_dtype, "grads", "tensor ", i, " has dtype ",
+                   grads[i].scalar_type(), "; one gradient dtype per call");
+    AMPK_CHECK_ARG(grads[i].sizes() == params[i].sizes(), "grads", "tensor ", i, " has shape ", grads[i].sizes(),
+                   ", its parameter ", params[i].sizes());
+    AMPK_CHECK_ARG(grads[i].layout() == at::kStrided, "grads", "tensor ", i, " is sparse; not supported");
+  }
+  return op_cache().get(kind, params.vec(), state, grad_dtype);
+}
+
+// ---- ampkernels::fused_adam_ / fused_sgd_ ----
+
+void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                 at::TensorList max_exp_avg_sqs, at::TensorList master_params, at::TensorList steps,
+                 const std::optional<at::Tensor>& lr_tensor, double lr, double beta1, double beta2, double eps,
+                 double weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay,
+                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  if (params.empty()) return;
+  auto table = op_table(OptimizerKind::kAdam, params, grads,
+                        {exp_avgs.vec(), exp_avg_sqs.vec(), max_exp_avg_sqs.vec(), master_params.vec(), steps.vec()});
+  const std::vector<at::Tensor> g = grads.vec();
+  const bool ok = table->step_adam(lr, lr_tensor, beta1, beta2, eps, weight_decay, amsgrad, maximize,
+                                   decoupled_weight_decay, grad_scale, found_inf, &g);
+  TORCH_CHECK(ok, "ampkernels: fused_adam_: a parameter's memory moved while its table was cached");
+}
+
+void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                at::TensorList master_params, at::TensorList steps, const std::optional<at::Tensor>& lr_tensor,
+                double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  if (params.empty()) return;
+  auto table = op_table(OptimizerKind::kSgd, params, grads,
+                        {momentum_buffers.vec(), {}, {}, master_params.vec(), steps.vec()});
+  const std::vector<at::Tensor> g = grads.vec();
+  const bool ok = table->step_sgd(lr, lr_tensor, momentum, dampening, weight_decay, nesterov, maximize, grad_scale,
+                                  found_inf, &g);
+  TORCH_CHECK(ok, "ampkernels: fused_sgd_: a parameter's memory moved while its table was cached");
+}
+
+}  // namespace
+
+void register_optimizer_bindings(pybind11::module& m) {
+  pybind11::class_<OptimizerTable>(m, "OptimizerTable")
+      .def(pybind11::init([](const std::string& kind, std::vector<at::Tensor> params,
+                             std::vector<std::vector<at::Tensor>> state, std::vector<at::Tensor> watch,
+                             at::ScalarType grad_dtype) {
+             return std::make_unique<OptimizerTable>(kind_of(kind), std::move(params), std::move(state),
+                                                     std::move(watch), grad_dtype);
+           }),
+           pybind11::arg("kind"), pybind11::arg("params"), pybind11::arg("state"), pybind11::arg("watch"),
+           pybind11::arg("grad_dtype"))
+      .def(
+          "step_adam",
+          [](OptimizerTable& t, double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
+             double eps, double weight_decay, bool amsgrad, bool maximize, bool decoupled,
+             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+            return t.step_adam(lr, lr_tensor, beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled,
+                               grad_scale, found_inf);
+          },
+          pybind11::arg("lr"), pybind11::arg("lr_tensor"), pybind11::arg("beta1"), pybind11::arg("beta2"),
+          pybind11::arg("eps"), pybind11::arg("weight_decay"), pybind11::arg("amsgrad"), pybind11::arg("maximize"),
+          pybind11::arg("decoupled_weight_decay"), pybind11::arg("grad_scale"), pybind11::arg("found_inf"))
+      .def(
+          "step_sgd",
+          [](OptimizerTable& t, double lr, const std::optional<at::Tensor>& lr_tensor, double momentum,
+             double dampening, double weight_decay, bool nesterov, bool maximize,
+             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+            return t.step_sgd(lr, lr_tensor, momentum, dampening, weight_decay, nesterov, maximize, grad_scale,
+                              found_inf);
+          },
+          pybind11::arg("lr"), pybind11::arg("lr_tensor"), pybind11::arg("momentum"), pybind11::arg("dampening"),
+          pybind11::arg("weight_decay"), pybind11::arg("nesterov"), pybind11::arg("maximize"),
+          pybind11::arg("grad_scale"), pybind11::arg("found_inf"))
+      .def_property_readonly("uploads", &OptimizerTable::uploads);
+}
+
+}  // namespace ampkernels
+
+TORCH_LIBRARY_FRAGMENT(ampkernels, m) {
+  m.def(
+      "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+      "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] master_params, Tensor(f!)[] steps, Tensor? lr_tensor, float lr, "
+      "float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool maximize, "
+      "bool decoupled_weight_decay, Tensor? grad_scale, Tensor? found_inf) -> ()");
+  m.def(
+      "fused_sgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] master_params, "
+      "Tensor(d!)[] steps, Tensor? lr_tensor, float lr, float momentum, float dampening, float weight_decay, "
+      "bool nesterov, bool maximize, Tensor? grad_scale, Tensor? found_inf) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(ampkernels, CPU, m) {
+  m.impl("fused_adam_", &ampkernels::fused_adam_);
+  m.impl("fused_sgd_", &ampkernels::fused_sgd_);
+}
+
+#ifdef AMPK_WITH_CUDA
+TORCH_LIBRARY_IMPL(ampkernels, CUDA, m) {
+  m.impl("fused_adam_", &ampkernels::fused_adam_);
+  m.impl("fused_sgd_", &ampkernels::fused_sgd_);
+}
+#endif
