@@ -31,7 +31,14 @@ IN_DTYPES = [
 ]
 OUT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 LAYOUTS = [(True, True), (True, False), (False, True), (False, False)]  # (a row-major, b row-major)
-TILES = ["128x256", "128x128", "128x256x64", "portable"]  # AMPK_WMMA_TILE values the launcher knows
+TILES = [
+    "128x256",
+    "128x128",
+    "128x256x64",
+    "128x128w4",
+    "128x128x64w4",
+    "portable",
+]  # AMPK_WMMA_TILE values the launcher knows
 
 
 def matrix(rows: int, cols: int, dtype, row_major: bool = True, device="cuda", scale: float = 1.0) -> torch.Tensor:
@@ -51,7 +58,9 @@ def effective_scale(mode: int, scale, alpha: float, M: int, N: int) -> torch.Ten
     if mode == 0:
         return torch.tensor(alpha, dtype=torch.float64, device="cuda")
     s = scale.double() * alpha
-    return {1: s.reshape(()), 2: s.reshape(M, 1), 3: s.reshape(1, N)}[mode]
+    if mode == 1:
+        return s.reshape(())
+    return s.reshape(M, 1) if mode == 2 else s.reshape(1, N)
 
 
 def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -36,6 +36,10 @@ extern template void launch_tuned<__half, CfgK>(const Params&, bool, bool, int, 
 extern template void launch_tuned<__nv_bfloat16, CfgL>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgM>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgK>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__half, CfgW>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__half, CfgX>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__nv_bfloat16, CfgW>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__nv_bfloat16, CfgX>(const Params&, bool, bool, int, cudaStream_t);
 
 namespace {
 
@@ -44,6 +48,7 @@ namespace {
 struct DeviceInfo {
   int major = 0;
   int max_smem = 0;
+  int sms = 0;
 };
 
 DeviceInfo device_info(int dev) {
@@ -52,6 +57,7 @@ DeviceInfo device_info(int dev) {
   DeviceInfo info;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev));
   if (dev < 64) cached[dev] = info;
   return info;
 }
@@ -68,26 +74,36 @@ void set_tiles(Params& p) {
   p.tiles_n = (p.N + C::BN - 1) / C::BN;
 }
 
+template <typename C>
+int64_t num_tiles(const Params& p) {
+  return int64_t((p.M + C::BM - 1) / C::BM) * ((p.N + C::BN - 1) / C::BN);
+}
+
+template <typename T, typename C>
+bool try_tuned(Params& p, const DeviceInfo& info, int dev, cudaStream_t stream) {
+  if (!fits<C>(info.max_smem)) return false;
+  set_tiles<C>(p);
+  launch_tuned<T, C>(p, p.row_a, p.row_b, dev, stream);
+  return true;
+}
+
 template <typename T>
 void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
   const DeviceInfo info = device_info(dev);
-  // NOTE: AMPK_WMMA_TILE forces a configuration for dev/wmma/bench.py: 128x256 (default), 128x128, 128x256x64,
-  // portable.
+  // NOTE: AMPK_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x256, 128x128,
+  // 128x256x64, 128x128w4, 128x128x64w4, portable.
   const char* forced = std::getenv("AMPK_WMMA_TILE");
-  const std::string tile = forced != nullptr ? forced : "";
+  const std::string tile = forced != nullptr ? forced : "auto";
   if (info.major >= 8 && vec && tile != "portable") {
-    if (tile == "128x128" && fits<CfgM>(info.max_smem)) {
-      set_tiles<CfgM>(p);
-      return launch_tuned<T, CfgM>(p, p.row_a, p.row_b, dev, stream);
-    }
-    if (tile == "128x256x64" && fits<CfgK>(info.max_smem)) {
-      set_tiles<CfgK>(p);
-      return launch_tuned<T, CfgK>(p, p.row_a, p.row_b, dev, stream);
-    }
-    if (fits<CfgL>(info.max_smem)) {
-      set_tiles<CfgL>(p);
-      return launch_tuned<T, CfgL>(p, p.row_a, p.row_b, dev, stream);
-    }
+    if (tile == "128x256" && try_tuned<T, CfgL>(p, info, dev, stream)) return;
+    if (tile == "128x128" && try_tuned<T, CfgM>(p, info, dev, stream)) return;
+    if (tile == "128x256x64" && try_tuned<T, CfgK>(p, info, dev, stream)) return;
+    if (tile == "128x128w4" && try_tuned<T, CfgW>(p, info, dev, stream)) return;
+    if (tile == "128x128x64w4" && try_tuned<T, CfgX>(p, info, dev, stream)) return;
+    // auto. NOTE (H200, dev/wmma/NOTES.md): 128x256x64 was fastest on 8192^3 (294 TFLOP/s bf16 vs 270 for
+    // 128x256x32); with fewer than 2 waves of its tiles 128x128x32 wins (8192x768x3072: 221 vs 189).
+    if (num_tiles<CfgK>(p) >= 2 * int64_t(info.sms) && try_tuned<T, CfgK>(p, info, dev, stream)) return;
+    if (try_tuned<T, CfgM>(p, info, dev, stream)) return;
   }
   set_tiles<CfgP>(p);
   launch_one<T, CfgP, true, true, false>(p, dev, stream);

@@ -68,6 +68,9 @@ struct Config {
 using CfgL = Config<128, 256, 32, 64, 64, 4, 1>;  // 120 KB shared memory, ~225 registers: 1 block per SM
 using CfgM = Config<128, 128, 32, 64, 32, 4, 2>;  // 74 KB, 128 registers: 2 blocks per SM
 using CfgK = Config<128, 256, 64, 64, 64, 3, 1>;  // 162 KB
+// 4 warps of 64x64: two independent blocks per SM, so one block's barrier wait overlaps the other's math.
+using CfgW = Config<128, 128, 32, 64, 64, 4, 2>;  // 74 KB x 2 blocks
+using CfgX = Config<128, 128, 64, 64, 64, 3, 2>;  // 108 KB x 2 blocks
 using CfgP = Config<128, 128, 32, 64, 32, 2, 1>;  // portable: 40 KB, fits sm_75's 48 KB without opting in
 
 // Shared-memory elements of one stage of a tile of `rows` strided rows of `cols` contiguous elements, padded.
