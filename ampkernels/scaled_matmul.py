@@ -266,10 +266,10 @@ def _normalize_scale(scale, a: torch.Tensor, out_shape: tuple[int, ...], compute
         raise _error("scale", f"shape {_shape(scale)} has more dimensions than the output {list(out_shape)}")
     if scale.numel() == 1:
         return 1.0, scale.reshape(()), SCALE_TENSOR
-    if tuple(scale.shape) == rows_shape:
-        return 1.0, scale.reshape(M), SCALE_ROW
+    if tuple(scale.shape) == rows_shape:  # (contiguous: the kernels read scale_ptr + row)
+        return 1.0, scale.reshape(M).contiguous(), SCALE_ROW
     if scale.shape[-1] == N and all(size == 1 for size in scale.shape[:-1]):
-        return 1.0, scale.reshape(N), SCALE_COL
+        return 1.0, scale.reshape(N).contiguous(), SCALE_COL
     hint = ""
     if scale.ndim == 1 and scale.shape[0] == M:
         hint = f"; a 1-D scale broadcasts along the columns (length N={N}): pass shape {list(rows_shape)} per row"
@@ -363,6 +363,20 @@ def scaled_matmul(
     Autograd (not with ``out``/``accumulate``): grads of a, b through the same kernels (the scale applied to both),
     bias grad = Σ rows of grad_out, and the gradient of a scale tensor that requires grad (one extra matmul).
     """
+    key = None
+    if type(a) is torch.Tensor and type(b) is torch.Tensor and not torch.compiler.is_compiling():
+        key = _call_key(a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend)
+        entry = _CALLS.get(key)
+        if entry is not None:
+            result = entry.run(a, b, scale, bias, out, found_inf)
+            if result is not None:
+                return result
+    result = _scaled_matmul_checked(a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend, key)
+    return result
+
+
+def _scaled_matmul_checked(a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend, key):
+    """Every check, then the launch; caches a :class:`_Call` under ``key`` when the call qualifies."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         bad = "a" if not isinstance(a, torch.Tensor) else "b"
         raise TypeError(f"ampkernels.scaled_matmul: argument '{bad}': expected a tensor")
@@ -430,6 +444,13 @@ def scaled_matmul(
         if found_inf is not None:
             torch.maximum(found_inf.reshape(1), flag, out=found_inf.view(1))
         return result.view(out_shape)
+    autocasting = torch.is_autocast_enabled(a.device.type)
+    if key is not None and not autocasting and _plain_eager(a2, b, scale_t, bias, out, found_inf):
+        entry = _Call.make(a, b, scale, scale_t, mode, bias, out_dtype, out, accumulate, found_inf, name, out_shape)
+        if entry is not None:
+            if len(_CALLS) >= _MAX_CACHED:
+                _CALLS.clear()
+            _CALLS[key] = entry
     if out is None:
         out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
     out2 = out.view(M, N)
@@ -444,6 +465,160 @@ def scaled_matmul(
         return out
     torch.ops.ampkernels.scaled_mm_(a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, name)
     return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Per-signature cache of the checked call
+# --------------------------------------------------------------------------------------------------------------------
+
+# NOTE: the checks, backend choice and scale normalization cost ~45 us of Python per call on this repo's CPU
+# machines (~3x that on the H200 host), more than a 768-wide transformer matmul takes on the GPU. Their outcome
+# depends only on what _call_key collects, so a call whose key was checked once skips straight to the launch;
+# only what depends on the data pointers (overlap of `out` with the inputs) and the global modes (grad, autocast,
+# tracing) is checked per call. The AMPKERNELS_*BACKEND variables are read when a signature is first seen: call
+# clear_caches() after changing them. See dev/scaled_matmul_tuning.md.
+_CALLS: dict[tuple, _Call] = {}
+_MAX_CACHED = 4096
+
+
+def clear_caches() -> None:
+    """Forgets the cached call signatures and the Triton launchers (after changing AMPKERNELS_* variables)."""
+    _CALLS.clear()
+    module = _load_triton()[0]
+    if module is not None:
+        module.clear_caches()
+
+
+def _tensor_key(t):
+    if t is None:
+        return None
+    if type(t) is not torch.Tensor:
+        return type(t)  # floats (and anything else: a key the slow path never caches)
+    return (t.dtype, t.device, t.shape, t.stride())
+
+
+def _call_key(a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend) -> tuple:
+    # 16-byte alignment of every pointer: it decides TMA eligibility and Triton specializes pointers on it.
+    aligned = (
+        not a.data_ptr() & 15,
+        not b.data_ptr() & 15,
+        type(scale) is not torch.Tensor or not scale.data_ptr() & 15,
+        bias is None or type(bias) is not torch.Tensor or not bias.data_ptr() & 15,
+        type(out) is not torch.Tensor or not out.data_ptr() & 15,
+        type(found_inf) is not torch.Tensor or not found_inf.data_ptr() & 15,
+    )
+    return (
+        a.dtype,
+        a.device,
+        a.shape,
+        a.stride(),
+        b.dtype,
+        b.device,
+        b.shape,
+        b.stride(),
+        _tensor_key(scale),
+        _tensor_key(bias),
+        out_dtype,
+        _tensor_key(out),
+        accumulate,
+        _tensor_key(found_inf),
+        backend,
+        aligned,
+    )
+
+
+def _extent(t) -> int:
+    if not isinstance(t, torch.Tensor):
+        return 0
+    start, end = _byte_range(t)
+    return end - start
+
+
+class _Call:
+    """A checked call signature: what :func:`scaled_matmul` derives from its arguments' metadata, kept so that the
+    next call with the same metadata only launches. Made only for plain eager 16-bit calls without autograd or
+    autocast, with a Python number / None scale or a float32 scale tensor on a's device that the kernels read as
+    is (no conversion copy), and a contiguous bias of float32 or a's dtype."""
+
+    __slots__ = (
+        "backend",
+        "M",
+        "K",
+        "N",
+        "out_shape",
+        "out_dtype",
+        "mode",
+        "scale_shape",
+        "accumulate",
+        "extents",
+        "launcher",
+    )
+
+    @classmethod
+    def make(cls, a, b, scale, scale_t, mode, bias, out_dtype, out, accumulate, found_inf, name, out_shape):
+        if a.dtype not in KERNEL_DTYPES or type(scale) not in (float, int, type(None), torch.Tensor):
+            return None
+        if isinstance(scale, torch.Tensor) and not (
+            scale.dtype == torch.float32 and scale.device == a.device and scale_t.data_ptr() == scale.data_ptr()
+        ):
+            return None  # converted or copied per call
+        if bias is not None and (bias.dtype not in (torch.float32, a.dtype) or not bias.is_contiguous()):
+            return None
+        call = cls()
+        call.backend = name
+        call.M, call.K, call.N = math.prod(a.shape[:-1]), b.shape[0], b.shape[1]
+        call.out_shape, call.out_dtype, call.mode, call.accumulate = out_shape, out_dtype, mode, bool(accumulate)
+        call.scale_shape = None if scale_t is None else tuple(scale_t.shape)
+        # byte extents of out and of the tensors it must not overlap (a, b, scale, bias, found_inf)
+        call.extents = (_extent(out), tuple(_extent(t) for t in (a, b, scale, bias, found_inf)))
+        # Triton: the kernel launcher itself (it reads the scale through its pointer, so no reshaped view either).
+        call.launcher = None
+        if name == "triton" and call.M > 0 and call.N > 0 and call.K > 0:
+            a2 = a if a.ndim == 2 else a.reshape(call.M, call.K)
+            out2 = torch.empty(out_shape, dtype=out_dtype, device=a.device) if out is None else out
+            call.launcher = _load_triton()[0].launcher_for(
+                a2, b, scale_t, mode, bias, out2.view(call.M, call.N), accumulate, found_inf
+            )
+        return call
+
+    def run(self, a, b, scale, bias, out, found_inf):
+        """Launches; None when the call needs the checked path (autograd, autocast, tracing, an overlap error)."""
+        scale_is_tensor = type(scale) is torch.Tensor
+        if torch.is_grad_enabled() and (
+            a.requires_grad
+            or b.requires_grad
+            or (bias is not None and bias.requires_grad)
+            or (scale_is_tensor and scale.requires_grad)
+        ):
+            return None
+        if torch.is_autocast_enabled(a.device.type) or not _plain_eager():
+            return None
+        launcher = self.launcher
+        if scale_is_tensor:
+            alpha, scale_t = 1.0, (scale if launcher is not None else scale.view(self.scale_shape))
+        else:
+            alpha, scale_t = (1.0 if scale is None else float(scale)), None
+        M, K, N = self.M, self.K, self.N
+        a2 = a if a.ndim == 2 else a.reshape(M, K)
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=a.device)
+        else:
+            out_extent, extents = self.extents
+            out_start = out.data_ptr()
+            for other, extent in zip((a, b, scale, bias, found_inf), extents):
+                if extent and out_extent:
+                    start = other.data_ptr()
+                    if start < out_start + out_extent and out_start < start + extent:
+                        return None  # the checked path raises the error naming the argument
+            torch.autograd.graph.increment_version(out)
+        out2 = out if out.ndim == 2 else out.view(M, N)
+        if launcher is not None:
+            launcher(a2, b, scale_t, alpha, bias, out2, found_inf)
+        else:
+            _launch(self.backend, a2, b, scale_t, self.mode, alpha, bias, out2, self.accumulate, found_inf)
+        if found_inf is not None:
+            torch.autograd.graph.increment_version(found_inf)
+        return out
 
 
 def _plain_eager(*tensors) -> bool:

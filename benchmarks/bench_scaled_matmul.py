@@ -197,6 +197,35 @@ def _warnings(rows: list[dict[str, Any]]) -> list[str]:
     return found
 
 
+def _host_time_us(device: torch.device) -> dict[str, float]:
+    """Back-to-back calls at 256^3 bf16 (the kernels take a few us): wall time per call ~ host time per call."""
+    import time
+
+    a = torch.randn(256, 256, device=device).to(torch.bfloat16)
+    b = torch.randn(256, 256, device=device).to(torch.bfloat16)
+    scale = torch.tensor(0.73, device=device)
+    calls = {
+        "torch.mm": lambda: torch.mm(a, b),
+        "scaled_matmul, 0-d tensor scale": lambda: scaled_matmul(a, b, scale),
+        "scaled_matmul, float scale": lambda: scaled_matmul(a, b, 0.73),
+        "scaled_matmul, x @ W.T": lambda: scaled_matmul(a, b.t(), scale),
+    }
+    result = {}
+    for name, fn in calls.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize(device)
+        best = math.inf
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(2000):
+                fn()
+            torch.cuda.synchronize(device)
+            best = min(best, (time.perf_counter() - start) / 2000 * 1e6)
+        result[name] = best
+    return result
+
+
 def run(ctx: RunContext) -> dict[str, Any]:
     if ctx.cpu_small:
         # The Triton kernels run on CPU tensors through the interpreter (read when the kernels are first loaded).
@@ -218,7 +247,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
     triton_module = importlib.import_module("ampkernels.scaled_matmul")._load_triton()[0]
     if triton_module is not None:
         tuning = list(triton_module.TUNING_LOG)
+    host_us = _host_time_us(ctx.device) if ctx.device.type == "cuda" and TRITON in backends else {}
     return {
+        "host_us_per_call": host_us,
         "rows": rows,
         "summary": _summary(rows),
         "backends": backends,
@@ -257,6 +288,11 @@ def report(document: dict[str, Any]) -> str:
         for s in document["summary"]
     ]
     lines = [format_table(headers, rows + summary_rows, "lllrrrrr"), document["timing_note"]]
+    host = document.get("host_us_per_call") or {}
+    if host:
+        lines.append(
+            "host time per call, 256^3 bf16 back-to-back (us): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items())
+        )
     lines += document["warnings"]
     return "\n".join(lines)
 

@@ -36,6 +36,14 @@ try:  # triton >= 3.3 (the GPU machine has 3.6)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older triton: pointer kernel only
     TensorDescriptor = None
+try:
+    from triton.compiler import CompiledKernel as _CompiledKernel
+except ImportError:  # pragma: no cover
+    _CompiledKernel = None
+try:
+    from triton.runtime import _allocation
+except ImportError:  # pragma: no cover
+    _allocation = None
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
@@ -138,11 +146,13 @@ def _scaled_mm_tma_kernel(
     scale_ptr,
     bias_ptr,
     found_inf_ptr,
+    alpha,
     M,
     N,
     K,
-    alpha,
     scale_mode,
+    stride_a,
+    stride_b,
     stride_om,
     A_COL_MAJOR: tl.constexpr,
     B_COL_MAJOR: tl.constexpr,
@@ -158,9 +168,25 @@ def _scaled_mm_tma_kernel(
     EPILOGUE_SPLIT: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr,
+    DEVICE_DESC: tl.constexpr,
 ):
     """Persistent TMA matmul. Descriptors: a [M, K] (A_COL_MAJOR: [K, M] storage), b [K, N] (B_COL_MAJOR: [N, K]
-    storage), out [M, N] with block [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT]. OOB tiles read as zeros (K tail too)."""
+    storage), out [M, N] with block [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT]. OOB tiles read as zeros (K tail too).
+
+    DEVICE_DESC: ``a_desc``/``b_desc`` are the operands' pointers (``out_desc`` is unused) and the descriptors are
+    built here from them and ``stride_a``/``stride_b``/``stride_om`` (leading strides of the storage), in the
+    global scratch that ``triton.set_allocator`` provides; otherwise all three are host ``TensorDescriptor``s."""
+    if DEVICE_DESC:
+        if A_COL_MAJOR:
+            a_desc = tl.make_tensor_descriptor(a_desc, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
+        else:
+            a_desc = tl.make_tensor_descriptor(a_desc, [M, K], [stride_a, 1], [BLOCK_M, BLOCK_K])
+        if B_COL_MAJOR:
+            b_desc = tl.make_tensor_descriptor(b_desc, [N, K], [stride_b, 1], [BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_desc, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N])
+        if OUT_TMA:
+            out_desc = tl.make_tensor_descriptor(out_ptr, [M, N], [stride_om, 1], [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -210,10 +236,10 @@ def _scaled_mm_ptr_kernel(
     scale_ptr,
     bias_ptr,
     found_inf_ptr,
+    alpha,
     M,
     N,
     K,
-    alpha,
     scale_mode,
     stride_am,
     stride_ak,
@@ -303,6 +329,12 @@ HOPPER_TMA_CONFIGS = (
     Config(128, 128, 64, 4, 8),
     Config(256, 128, 64, 3, 8),
 )
+# Few output tiles (fewer 128x256 tiles than SMs, e.g. 3072x768 grad-weight: 72 tiles on 132 SMs): smaller tiles,
+# two programs per SM for 64x128 (24 KB a stage: two CTAs of 4 stages fit), are tuned besides.
+HOPPER_FEW_TILES_CONFIGS = (
+    Config(64, 128, 64, 4, 4, programs_per_sm=2),
+    Config(64, 256, 64, 3, 4),
+)
 HOPPER_SMALL = Config(128, 128, 64, 4, 4)
 # Ampere (and sm_90 fallbacks through pointers): 164 KB of shared memory, cp.async pipelines of 3-4 stages.
 POINTER_CONFIGS = (
@@ -346,8 +378,22 @@ def _num_programs(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def device_descriptors() -> bool:
+    """TMA descriptors built inside the kernel (``tl.make_tensor_descriptor`` + ``triton.set_allocator``, both in
+    triton 3.6), unless ``AMPKERNELS_SCALED_MATMUL_TMA_DESC=host`` asks for host-side ``TensorDescriptor``s."""
+    available = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+    if os.environ.get("AMPKERNELS_SCALED_MATMUL_TMA_DESC", "device") == "host" and TensorDescriptor is not None:
+        return False
+    return available
+
+
+def direct_launch() -> bool:
+    """Launch cached compiled kernels without ``JITFunction.run`` (``AMPKERNELS_TRITON_DIRECT_LAUNCH=0``: never)."""
+    return _CompiledKernel is not None and os.environ.get("AMPKERNELS_TRITON_DIRECT_LAUNCH", "1") != "0"
+
+
 def _uses_tma(device: torch.device) -> bool:
-    if TensorDescriptor is None:
+    if TensorDescriptor is None and not device_descriptors():
         return False
     if device.type != "cuda":
         return interpreting()
@@ -404,95 +450,114 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return dummy
 
 
-def _launch_tma(p: Problem, cfg: Config, a_col: bool, b_col: bool, out_tma: bool) -> None:
-    M, K = p.a.shape
-    N = p.b.shape[1]
-    a = p.a
-    if a_col:
-        a_desc = TensorDescriptor(a, [K, M], [a.stride(1), 1], [cfg.block_k, cfg.block_m])
-    else:
-        a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
-    b = p.b
-    if b_col:
-        b_desc = TensorDescriptor(b, [N, K], [b.stride(1), 1], [cfg.block_n, cfg.block_k])
-    else:
-        b_desc = TensorDescriptor(b, [K, N], [b.stride(0), 1], [cfg.block_k, cfg.block_n])
-    out = p.out
-    out_desc = None
-    if out_tma:
-        out_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [cfg.block_m, cfg.block_n // cfg.epilogue_split])
-    num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    programs = max(1, min(num_tiles, _num_programs(out.device) * cfg.programs_per_sm))
-    dummy = _dummy(out.device) if p.scale is None or p.bias is None or p.found_inf is None else None
-    _scaled_mm_tma_kernel[(programs,)](
-        a_desc,
-        b_desc,
-        out_desc,
-        out,
-        p.scale if p.scale is not None else dummy,
-        p.bias if p.bias is not None else dummy,
-        p.found_inf if p.found_inf is not None else dummy,
-        M,
-        N,
-        K,
-        p.alpha,
-        p.scale_mode,
-        out.stride(0),
-        A_COL_MAJOR=a_col,
-        B_COL_MAJOR=b_col,
-        HAS_BIAS=p.bias is not None,
-        ACCUMULATE=p.accumulate,
-        CHECK_FINITE=p.found_inf is not None,
-        OUT_TMA=out_tma,
-        UPCAST=interpreting(),
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        EPILOGUE_SPLIT=cfg.epilogue_split,
-        NUM_PROGRAMS=programs,
-        FLATTEN=cfg.flatten,
-        num_stages=cfg.num_stages,
-        num_warps=cfg.num_warps,
-    )
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global scratch for device-side TMA descriptors (128 B each per program), from torch's caching allocator."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _launch_ptr(p: Problem, cfg: Config) -> None:
-    M, K = p.a.shape
-    N = p.b.shape[1]
-    out = p.out
-    num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    programs = max(1, min(num_tiles, _num_programs(out.device) * cfg.programs_per_sm))
-    dummy = _dummy(out.device) if p.scale is None or p.bias is None or p.found_inf is None else None
-    _scaled_mm_ptr_kernel[(programs,)](
-        p.a,
-        p.b,
-        out,
-        p.scale if p.scale is not None else dummy,
-        p.bias if p.bias is not None else dummy,
-        p.found_inf if p.found_inf is not None else dummy,
-        M,
-        N,
-        K,
-        p.alpha,
-        p.scale_mode,
-        p.a.stride(0),
-        p.a.stride(1),
-        p.b.stride(0),
-        p.b.stride(1),
-        out.stride(0),
-        HAS_BIAS=p.bias is not None,
-        ACCUMULATE=p.accumulate,
-        CHECK_FINITE=p.found_inf is not None,
-        UPCAST=interpreting(),
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        NUM_PROGRAMS=programs,
-        num_stages=cfg.num_stages,
-        num_warps=cfg.num_warps,
-    )
+def _ensure_allocator() -> None:
+    """Installs :func:`_scratch` as Triton's allocator unless one is set. Triton keeps it in a ContextVar (3.6):
+    per thread, so autograd's device threads start without one and this runs before every such launch."""
+    try:
+        missing = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+    except AttributeError:  # another Triton layout: set it every time (cheap)
+        missing = True
+    if missing:
+        triton.set_allocator(_scratch)
+
+
+def _direct_runner(compiled, grid):
+    """``compiled[grid]``: a launcher of the compiled kernel that skips ``JITFunction.run`` (argument binding,
+    specialization, cache key, global checks). Valid only for arguments of the same specialization, which the
+    launcher cache key guarantees. None when this Triton's objects do not look as expected (then the JIT path)."""
+    if not direct_launch() or not isinstance(compiled, _CompiledKernel):
+        return None
+    try:
+        return compiled[grid]
+    except Exception:  # noqa: BLE001 - any API drift: keep the JIT launch
+        return None
+
+
+class _Launcher:
+    """Everything a launch needs that depends only on the launcher key (shapes, strides, dtypes, device,
+    alignment, epilogue flags): kernel, grid, config and the constant arguments. Per call only the tensors and
+    alpha change. Arguments are passed positionally in the kernel's order, so the JIT launch and the direct launch
+    of the compiled kernel receive the same tuple."""
+
+    __slots__ = ("kind", "kernel", "grid", "options", "tail", "dummy", "device_desc", "descs", "runner", "direct")
+
+    def __init__(self, p: Problem, plan: Plan, cfg: Config, direct: bool) -> None:
+        M, K = p.a.shape
+        N = p.b.shape[1]
+        out = p.out
+        num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        programs = max(1, min(num_tiles, _num_programs(out.device) * cfg.programs_per_sm))
+        self.kind = plan.kind
+        self.grid = (programs,)
+        self.options = {"num_stages": cfg.num_stages, "num_warps": cfg.num_warps}
+        self.dummy = _dummy(out.device)
+        self.runner = None
+        self.direct = direct
+        self.device_desc = False
+        self.descs = None
+        epilogue = (p.bias is not None, p.accumulate, p.found_inf is not None)
+        if plan.kind == "tma":
+            a_col, b_col = plan.a_col, plan.b_col
+            stride_a = p.a.stride(1) if a_col else p.a.stride(0)
+            stride_b = p.b.stride(1) if b_col else p.b.stride(0)
+            self.kernel = _scaled_mm_tma_kernel
+            self.device_desc = device_descriptors()
+            if not self.device_desc:
+                block_out = [cfg.block_m, cfg.block_n // cfg.epilogue_split]
+                self.descs = (
+                    ([K, M], [stride_a, 1], [cfg.block_k, cfg.block_m])
+                    if a_col
+                    else ([M, K], [stride_a, 1], [cfg.block_m, cfg.block_k]),
+                    ([N, K], [stride_b, 1], [cfg.block_n, cfg.block_k])
+                    if b_col
+                    else ([K, N], [stride_b, 1], [cfg.block_k, cfg.block_n]),
+                    ([M, N], [out.stride(0), 1], block_out) if plan.out_tma else None,
+                )
+            self.tail = (
+                M, N, K, p.scale_mode, stride_a, stride_b, out.stride(0),
+                a_col, b_col, *epilogue, plan.out_tma, interpreting(),
+                cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.epilogue_split, programs, cfg.flatten,
+                self.device_desc,
+            )  # fmt: skip
+        else:
+            self.kernel = _scaled_mm_ptr_kernel
+            self.tail = (
+                M, N, K, p.scale_mode, p.a.stride(0), p.a.stride(1), p.b.stride(0), p.b.stride(1), out.stride(0),
+                *epilogue, interpreting(), cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, programs,
+            )  # fmt: skip
+
+    def args(self, a, b, scale, alpha, bias, out, found_inf) -> tuple:
+        dummy = self.dummy
+        scale = dummy if scale is None else scale
+        bias = dummy if bias is None else bias
+        found_inf = dummy if found_inf is None else found_inf
+        if self.kind != "tma":
+            return (a, b, out, scale, bias, found_inf, alpha) + self.tail
+        if self.device_desc:
+            return (a, b, None, out, scale, bias, found_inf, alpha) + self.tail
+        da, db, do = self.descs
+        out_desc = None if do is None else TensorDescriptor(out, *do)
+        return (TensorDescriptor(a, *da), TensorDescriptor(b, *db), out_desc, out, scale, bias, found_inf, alpha) + (
+            self.tail
+        )
+
+    def __call__(self, a, b, scale, alpha, bias, out, found_inf) -> None:
+        args = self.args(a, b, scale, alpha, bias, out, found_inf)
+        if self.device_desc:
+            _ensure_allocator()
+        runner = self.runner
+        if runner is not None:
+            runner(*args)
+            return
+        compiled = self.kernel[self.grid](*args, **self.options)
+        if self.direct:
+            self.direct = False  # one try per launcher
+            self.runner = _direct_runner(compiled, self.grid)
 
 
 @dataclass(frozen=True)
@@ -515,15 +580,15 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, force: str | N
 
 
 def _launch(p: Problem, plan: Plan, cfg: Config) -> None:
-    if plan.kind == "tma":
-        _launch_tma(p, cfg, plan.a_col, plan.b_col, plan.out_tma)
-    else:
-        _launch_ptr(p, cfg)
+    """One launch through ``JITFunction.run`` (tuning, explicit configs)."""
+    _Launcher(p, plan, cfg, direct=False)(p.a, p.b, p.scale, p.alpha, p.bias, p.out, p.found_inf)
 
 
-def _candidates(plan: Plan, out: torch.Tensor) -> tuple[Config, ...]:
+def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0) -> tuple[Config, ...]:
     if plan.kind == "tma":
         configs = HOPPER_TMA_CONFIGS
+        if out.device.type == "cuda" and triton.cdiv(M, 128) * triton.cdiv(N, 256) < _num_programs(out.device):
+            configs += HOPPER_FEW_TILES_CONFIGS
         if out.element_size() == 4 or not plan.out_tma:  # no room (or no use) for the split store's 4th stage
             configs = tuple(c for c in configs if c.num_stages < 4 or c.block_n < 256)
         return configs
@@ -548,7 +613,7 @@ def _tune(p: Problem, plan: Plan, key: tuple) -> Config:
     scratch_flag = torch.zeros(1, dtype=torch.float32, device=p.out.device) if p.found_inf is not None else None
     trial = Problem(p.a, p.b, p.scale, p.scale_mode, p.alpha, p.bias, scratch_out, p.accumulate, scratch_flag)
     timings: dict[Config, float] = {}
-    for cfg in _candidates(plan, p.out):
+    for cfg in _candidates(plan, p.out, p.a.shape[0], p.b.shape[1]):
         try:
             timings[cfg] = triton.testing.do_bench(lambda cfg=cfg: _launch(trial, plan, cfg), warmup=5, rep=25)
         except Exception as exc:  # out of shared memory / registers on this GPU: not a candidate here
@@ -586,6 +651,63 @@ def choose_config(p: Problem, plan: Plan) -> Config:
     return cfg
 
 
+# NOTE: host time per call is what the small transformer shapes lose to cuBLAS (203 us for the public function
+# against torch.mm's 19 us at 256^3 on the H200 host, kernels 60-80 us). Everything that depends only on the key
+# below is computed once per key: plan, config (tuning), grid, constant arguments and, after the first launch,
+# the compiled kernel's own launcher. See dev/scaled_matmul_tuning.md for the measurements.
+_LAUNCHERS: dict[tuple, _Launcher] = {}
+_MAX_CACHED = 4096  # dynamic shapes would otherwise grow the caches without bound
+
+
+def clear_caches() -> None:
+    """Forgets cached launchers (e.g. after changing the AMPKERNELS_* environment variables read at creation)."""
+    _LAUNCHERS.clear()
+
+
+def _launcher_key(a, b, scale, scale_mode, bias, out, accumulate, found_inf) -> tuple:
+    # Alignment decides TMA eligibility (a, b, out) and Triton specializes every pointer on 16-byte alignment.
+    aligned = (
+        not a.data_ptr() & 15,
+        not b.data_ptr() & 15,
+        not out.data_ptr() & 15,
+        scale is None or not scale.data_ptr() & 15,
+        bias is None or not bias.data_ptr() & 15,
+        found_inf is None or not found_inf.data_ptr() & 15,
+    )
+    return (
+        a.shape,
+        a.stride(),
+        b.shape,
+        b.stride(),
+        out.stride(),
+        a.dtype,
+        b.dtype,
+        out.dtype,
+        out.device,
+        scale_mode,
+        None if scale is None else scale.dtype,
+        None if bias is None else bias.dtype,
+        accumulate,
+        found_inf is None,
+        aligned,
+    )
+
+
+def launcher_for(a, b, scale, scale_mode, bias, out, accumulate, found_inf) -> _Launcher:
+    """The cached launcher of a problem with these arguments' metadata (same contract as :func:`scaled_mm_`, M, N
+    > 0); call it as ``launcher(a, b, scale, alpha, bias, out, found_inf)`` with tensors of the same metadata."""
+    key = _launcher_key(a, b, scale, scale_mode, bias, out, accumulate, found_inf)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        p = Problem(a, b, scale, scale_mode, 1.0, bias, out, accumulate, found_inf)
+        plan = plan_for(a, b, out)
+        launcher = _Launcher(p, plan, choose_config(p, plan), direct=True)
+        if len(_LAUNCHERS) >= _MAX_CACHED:
+            _LAUNCHERS.clear()
+        _LAUNCHERS[key] = launcher
+    return launcher
+
+
 def scaled_mm_(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -604,12 +726,19 @@ def scaled_mm_(
 
     a: [M, K], b: [K, N], fp16/bf16, any strides (TMA when aligned row/column-major); scale: float32 per
     ``scale_mode`` (0 none, 1 one element, 2 [M], 3 [N]); bias: [N] fp32 or a's dtype; out: [M, N] with unit column
-    stride; found_inf: 1-element float32 or None. ``config``/``force`` ("pointer"): for tests and tuning.
+    stride; found_inf: 1-element float32 or None. ``config``/``force`` ("pointer"): for tests and tuning (not
+    cached).
     """
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
         return
-    p = Problem(a, b, scale, scale_mode, float(alpha), bias, out, accumulate, found_inf)
+    alpha = float(alpha)
+    if config is None and force is None:
+        launcher_for(a, b, scale, scale_mode, bias, out, accumulate, found_inf)(
+            a, b, scale, alpha, bias, out, found_inf
+        )
+        return
+    p = Problem(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
     plan = plan_for(a, b, out, force)
     _launch(p, plan, config or choose_config(p, plan))
