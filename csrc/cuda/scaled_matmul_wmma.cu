@@ -30,10 +30,8 @@ void check_grid(int64_t blocks, int M, int N) {
 void check_last_launch() { C10_CUDA_KERNEL_LAUNCH_CHECK(); }
 
 // The tuned instantiations live in their own files (parallel compilation).
-extern template void launch_tuned<__half, CfgL>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__half, CfgM>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__half, CfgK>(const Params&, bool, bool, int, cudaStream_t);
-extern template void launch_tuned<__nv_bfloat16, CfgL>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgM>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgK>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__half, CfgW>(const Params&, bool, bool, int, cudaStream_t);
@@ -90,18 +88,17 @@ bool try_tuned(Params& p, const DeviceInfo& info, int dev, cudaStream_t stream) 
 template <typename T>
 void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
   const DeviceInfo info = device_info(dev);
-  // NOTE: AMPK_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x256, 128x128,
+  // NOTE: AMPK_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x128,
   // 128x256x64, 128x128w4, 128x128x64w4, portable.
   const char* forced = std::getenv("AMPK_WMMA_TILE");
   const std::string tile = forced != nullptr ? forced : "auto";
   if (info.major >= 8 && vec && tile != "portable") {
-    if (tile == "128x256" && try_tuned<T, CfgL>(p, info, dev, stream)) return;
     if (tile == "128x128" && try_tuned<T, CfgM>(p, info, dev, stream)) return;
     if (tile == "128x256x64" && try_tuned<T, CfgK>(p, info, dev, stream)) return;
     if (tile == "128x128w4" && try_tuned<T, CfgW>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4" && try_tuned<T, CfgX>(p, info, dev, stream)) return;
-    // auto. NOTE (H200, dev/wmma/NOTES.md): 128x256x64 was fastest on 8192^3 (294 TFLOP/s bf16 vs 270 for
-    // 128x256x32); with fewer than 2 waves of its tiles 128x128x32 wins (8192x768x3072: 221 vs 189).
+    // auto. NOTE (H200, dev/wmma/NOTES.md run 1): 128x256x64 was fastest on 8192^3 (294 TFLOP/s bf16; 128x256x32,
+    // since removed, 270); with fewer than 2 waves of its tiles 128x128x32 wins (8192x768x3072: 221 vs 189).
     if (num_tiles<CfgK>(p) >= 2 * int64_t(info.sms) && try_tuned<T, CfgK>(p, info, dev, stream)) return;
     if (try_tuned<T, CfgM>(p, info, dev, stream)) return;
   }

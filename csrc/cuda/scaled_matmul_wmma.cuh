@@ -65,9 +65,8 @@ struct Config {
 };
 
 // Tuned configurations (sm_80+, aligned operands), chosen by the launcher, and the portable one.
-using CfgL = Config<128, 256, 32, 64, 64, 4, 1>;  // 120 KB shared memory, ~225 registers: 1 block per SM
 using CfgM = Config<128, 128, 32, 64, 32, 4, 2>;  // 74 KB, 128 registers: 2 blocks per SM
-using CfgK = Config<128, 256, 64, 64, 64, 3, 1>;  // 162 KB
+using CfgK = Config<128, 256, 64, 64, 64, 3, 1>;  // 162 KB, ~245 registers: 1 block per SM
 // 4 warps of 64x64: two independent blocks per SM, so one block's barrier wait overlaps the other's math.
 using CfgW = Config<128, 128, 32, 64, 64, 4, 2>;  // 74 KB x 2 blocks
 using CfgX = Config<128, 128, 64, 64, 64, 3, 2>;  // 108 KB x 2 blocks

@@ -16,7 +16,7 @@ from ampkernels import _backend  # noqa: E402
 
 _backend.native()
 OP = torch.ops.ampkernels.scaled_matmul_wmma_
-TILES = ["auto", "128x256", "128x128", "128x256x64", "128x128w4", "128x128x64w4", "portable"]
+TILES = ["auto", "128x128", "128x256x64", "128x128w4", "128x128x64w4", "portable"]
 
 
 def timed(fn, reps: int) -> float:
