@@ -2,8 +2,8 @@
 
 What makes a step capturable: nothing in it may wait for the host. With :class:`ampkernels.FusedGradScaler` and an
 optimizer that takes the scale and the skip flag on the device (``ampkernels.FusedAdamW``/``FusedAdam``/``FusedSGD``,
-or torch's optimizers with ``fused=True``), the non-finite check, the clip, the skip and the scale update all stay
-on the device, so an overflowing step is still skipped and the scale still backs off during replay. Stock
+or torch's with ``fused=True, capturable=True``), the non-finite check, the clip, the skip and the scale update all
+stay on the device, so an overflowing step is still skipped and the scale still backs off during replay. Stock
 ``torch.amp.GradScaler.step`` with an ordinary optimizer reads ``found_inf`` on the host and cannot be captured.
 
 Example::
@@ -37,8 +37,8 @@ from torch.utils import _pytree as pytree
 HOST_SYNC_HINT = (
     "something in the step waits for the host: .item(), float(tensor), printing a tensor, a data-dependent shape, "
     "torch.amp.GradScaler.step with an ordinary optimizer, or clip_grad_norm_(error_if_nonfinite=True). Use "
-    "ampkernels.FusedGradScaler with ampkernels.FusedAdamW/FusedAdam/FusedSGD (or torch's fused optimizers) and "
-    "keep the step free of host reads"
+    "ampkernels.FusedGradScaler with ampkernels.FusedAdamW/FusedAdam/FusedSGD (or torch's with fused=True, "
+    "capturable=True) and keep the step free of host reads"
 )
 
 
@@ -86,7 +86,7 @@ class CapturedStep:
             with torch.cuda.graph(self.graph, pool=pool):
                 self._output = step_fn(*args, **kwargs)
         except RuntimeError as exc:
-            if "capturing" in str(exc) or "capture" in str(exc):
+            if "not permitted when stream is capturing" in str(exc) or "StreamCapture" in str(exc):
                 raise RuntimeError(f"ampkernels.capture_step: capture failed: {HOST_SYNC_HINT}. ({exc})") from exc
             raise
 

@@ -80,6 +80,14 @@ class _TorchGradTable:
         return res.norm, each, res.clip_coef
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``. Asynchronous, except from a GPU to the CPU: the CPU kernels read the value at once, and
+    a non-blocking device-to-host copy lands in pinned memory later (seen as garbage scales on CPU parameters)."""
+    if t.device == device:
+        return t
+    return t.to(device, non_blocking=not (t.device.type == "cuda" and device.type == "cpu"))
+
+
 def _is_dtensor(t: torch.Tensor) -> bool:
     # DTensor (FSDP2's sharded parameters and gradients) is a wrapper without storage; the kernels run on its
     # local shard. Checked by name so that torch builds without torch.distributed import fine.
@@ -240,7 +248,7 @@ class FusedGradScaler(GradScaler):
 
     def _scale_on(self, device: torch.device) -> torch.Tensor:
         assert self._scale is not None
-        return self._scale if self._scale.device == device else self._scale.to(device, non_blocking=True)
+        return _to_device(self._scale, device)
 
     def _fused_pass(
         self,
@@ -261,8 +269,8 @@ class FusedGradScaler(GradScaler):
         results = []
         with torch.no_grad():
             for device, table, params in self._tables(optimizer):
-                s = self._scale_on(device) if scale is None else scale.to(device, non_blocking=True)
-                f = None if factor is None else factor.to(device, non_blocking=True)
+                s = self._scale_on(device) if scale is None else _to_device(scale, device)
+                f = None if factor is None else _to_device(factor, device)
                 found = torch.zeros((), dtype=torch.float32, device=device)
                 norm, _, coef = table.unscale_reduce(s, found, f, write, norm_type, False, max_norm, revalidate)
                 sparse = table.sparse_params()
@@ -472,7 +480,7 @@ class FusedGradScaler(GradScaler):
                     f"FusedGradScaler.step: {type(optimizer).__name__} cannot be captured in a CUDA graph: deciding "
                     "whether to skip its step needs a host sync. Use an optimizer that takes the scale and the skip "
                     "flag on the device: ampkernels.FusedAdamW, FusedAdam or FusedSGD (or torch's AdamW/Adam/SGD "
-                    "with fused=True)"
+                    "with fused=True, capturable=True)"
                 )
             if state["stage"] is OptState.READY:
                 self.unscale_(optimizer)

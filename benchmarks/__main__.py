@@ -57,6 +57,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-plot", action="store_true", help="save no PNG")
     parser.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        help="where to run (default: cuda when a GPU is present; cpu runs the scaled-down sizes)",
+    )
+    parser.add_argument(
         "--shrink",
         type=int,
         help=f"divide every width of the parameter sets by this (default: 1 on a GPU, {CPU_SHRINK} on the CPU)",
@@ -74,7 +79,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device is available", file=sys.stderr)
+        return 2
     cpu_small = device.type == "cpu"
     shrink = args.shrink or (CPU_SHRINK if cpu_small else 1)
     repeats = QUICK_REPEATS if args.quick else REPEATS

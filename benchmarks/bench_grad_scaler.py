@@ -168,7 +168,7 @@ def _bench_param_set(ctx: RunContext, set_name: str) -> tuple[list[dict[str, Any
         fused.step(fused_adamw)
         fused.update()
 
-    sync_free_adamw = torch.optim.AdamW(params, fused=True)
+    sync_free_adamw = torch.optim.AdamW(params, fused=True, capturable=ctx.device.type == "cuda")
     sync_free_scale = torch.ones((), dtype=torch.float32, device=ctx.device)
     sync_free_tracker = torch.zeros((), dtype=torch.int32, device=ctx.device)
 

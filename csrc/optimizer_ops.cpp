@@ -214,11 +214,13 @@ class OptimizerTable {
   }
 
   void upload() {
-    // A fresh pinned buffer every time: the previous one may still be read by an asynchronous copy.
+    // A fresh pinned buffer every time: the previous one may still be read by an asynchronous copy. It is kept
+    // until the next upload: a copy captured in a CUDA graph reads it again at every replay (when it was freed
+    // instead, the pinned allocator handed it out again and replays read garbage addresses).
     const auto opts = at::TensorOptions().dtype(at::kLong).pinned_memory(device_.is_cuda());
-    at::Tensor host = at::empty({static_cast<int64_t>(host_lists_.size())}, opts);
-    std::copy(host_lists_.begin(), host_lists_.end(), host.data_ptr<int64_t>());
-    lists_ = device_.is_cpu() ? host : host.to(device_, /*non_blocking=*/true);
+    lists_host_ = at::empty({static_cast<int64_t>(host_lists_.size())}, opts);
+    std::copy(host_lists_.begin(), host_lists_.end(), lists_host_.data_ptr<int64_t>());
+    lists_ = device_.is_cpu() ? lists_host_ : lists_host_.to(device_, /*non_blocking=*/true);
     ++uploads_;
   }
 
@@ -232,7 +234,7 @@ class OptimizerTable {
   std::vector<const void*> param_ptrs_, grad_ptrs_;
   std::vector<int64_t> host_lists_;
   std::vector<at::Tensor> staged_;  // per parameter: a copy of its gradient in its layout, when they differ
-  at::Tensor lists_, scalars_;
+  at::Tensor lists_, lists_host_, scalars_;
   const std::vector<at::Tensor>* current_grads_ = nullptr;  // the explicit gradients of the step in progress
   int64_t uploads_ = 0;
 };

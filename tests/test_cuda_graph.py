@@ -17,7 +17,9 @@ OVERFLOW_STEPS = {2, 5}
 
 def _optimizers():
     kinds = {
-        "torch-fused-adamw": lambda params: torch.optim.AdamW(params, lr=torch.tensor(1e-2, device="cuda"), fused=True)
+        "torch-fused-adamw": lambda params: torch.optim.AdamW(
+            params, lr=torch.tensor(1e-2, device="cuda"), fused=True, capturable=True
+        )
     }
     for name in ("FusedAdamW", "FusedSGD"):
         if hasattr(ampkernels, name):
@@ -106,7 +108,7 @@ def test_capture_with_an_ordinary_optimizer_says_what_to_use():
 @pytest.mark.gpu
 def test_captured_step_checks_its_inputs():
     model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2, device="cuda"), fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2, device="cuda"), fused=True, capturable=True)
     x, y = _batches(1)[0]
     graphed = capture_step(_make_step(model, opt, FusedGradScaler()), x, y, warmup=1)
     with pytest.raises(ValueError, match=r"input 0 must be a tensor of shape \(16, 32\)"):

@@ -284,8 +284,8 @@ def test_low_precision_params(device, dtype, cls, options):
                 torch.testing.assert_close(a.float(), r.float(), rtol=ulps * ulp, atol=0)
             elif device == "cpu":
                 assert torch.equal(a, r)  # same float32 math, same rounding (no FMA contraction on the CPU)
-            else:
-                torch.testing.assert_close(a.float(), r.float(), rtol=ulp, atol=0)
+            else:  # FMA contraction in the CUDA kernel: up to 2 ulps after 3 steps (seen on the H200)
+                torch.testing.assert_close(a.float(), r.float(), rtol=2 * ulp, atol=0)
             master_copy = master.state[m]["master_param"]
             assert master_copy.dtype == torch.float32
             torch.testing.assert_close(master_copy, f.detach(), rtol=1e-4, atol=1e-4)

@@ -381,7 +381,12 @@ class TensorTable:
 
         segs = [addrs, numel_t, chunk_tensor, chunk_start, first_chunk, order_t]
         padded = [_pad_even(s) for s in segs]
-        self.buffer = torch.cat(padded).to(self.device)  # the one host-to-device copy
+        # The one host-to-device copy. Its source stays alive with this object: a copy captured in a CUDA graph
+        # reads it again at every replay.
+        self._host = torch.cat(padded)
+        if self.device.type == "cuda":
+            self._host = self._host.pin_memory()
+        self.buffer = self._host.to(self.device, non_blocking=True)
         views = []
         off = 0
         for s, p in zip(segs, padded, strict=True):

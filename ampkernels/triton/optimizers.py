@@ -28,10 +28,18 @@ NUM_WARPS = 4
 _PROGRAMS_PER_SM = 4
 _PROLOGUE_BLOCK = 256
 
+
+def _host_tensor(values, device: torch.device) -> torch.Tensor:
+    """int64 host tensor of ``values``, pinned when it feeds a CUDA device (an asynchronous, capturable copy)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    return host.pin_memory() if device.type == "cuda" else host
+
+
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
-# Rows of the address array (same order as csrc/optimizer.h OptimizerList).
-_GRAD, _EXP_AVG, _EXP_AVG_SQ, _MAX_EXP_AVG_SQ, _MASTER, _STEP = range(6)
+# Rows of the address array (same order as csrc/optimizer.h OptimizerList); tl.constexpr because Triton 3.6
+# kernels may read only constexpr globals.
+_GRAD, _EXP_AVG, _EXP_AVG_SQ, _MAX_EXP_AVG_SQ, _MASTER, _STEP = (tl.constexpr(row) for row in range(6))
 
 
 @triton.jit
@@ -334,7 +342,10 @@ class StepTable:
             for t, x in enumerate(tensors):
                 self._host_lists[row][t] = x.data_ptr()
         meta = [p.data_ptr() for p in self.params] + numels + chunk_tensor + chunk_start
-        self.meta = torch.tensor(meta, dtype=torch.int64).to(self.device)
+        # Host sources of the uploads stay alive with this object: a copy captured in a CUDA graph reads them again
+        # at every replay.
+        self._meta_host = _host_tensor(meta, self.device)
+        self.meta = self._meta_host.to(self.device, non_blocking=True)
         self.addrs = self.meta[:n]
         self.numels = self.meta[n : 2 * n]
         self.chunk_tensor = self.meta[2 * n : 2 * n + self.num_chunks]
@@ -355,8 +366,9 @@ class StepTable:
         ]
         ptrs = tuple(g.data_ptr() for g in grads)
         if ptrs != self._grad_ptrs:
-            self._host_lists[_GRAD] = list(ptrs)
-            self.lists_dev = torch.tensor(self._host_lists, dtype=torch.int64).to(self.device)
+            self._host_lists[_GRAD.value] = list(ptrs)
+            self._lists_host = _host_tensor(self._host_lists, self.device)
+            self.lists_dev = self._lists_host.to(self.device, non_blocking=True)
             self._grad_ptrs = ptrs
         return grads
 
