@@ -473,7 +473,7 @@ def _direct_runner(compiled, grid):
     if not direct_launch() or not isinstance(compiled, _CompiledKernel):
         return None
     try:
-        return compiled[grid]
+        return compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the compiled launcher indexes all three dims
     except Exception:  # noqa: BLE001 - any API drift: keep the JIT launch
         return None
 
@@ -552,8 +552,11 @@ class _Launcher:
             _ensure_allocator()
         runner = self.runner
         if runner is not None:
-            runner(*args)
-            return
+            try:
+                runner(*args)
+                return
+            except (IndexError, TypeError, ValueError):  # launcher API drift (raises before launching): JIT path
+                self.runner = None
         compiled = self.kernel[self.grid](*args, **self.options)
         if self.direct:
             self.direct = False  # one try per launcher
