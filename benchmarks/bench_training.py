@@ -273,45 +273,66 @@ def _compare(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]
 # ---- the module interface ----
 
 
+def _jobs(models: list[str], recipes: list[str], numerics_recipes: list[str], cuda: bool) -> list[tuple]:
+    """(kind, model, recipe) in run order: every eager job first, then the graphed ones, BERT-base's last. A device-side
+    assert loses the CUDA context for the rest of the process, so the riskiest jobs go where they can lose least."""
+    eager, graphed = [], []
+    for name in models:
+        for recipe in recipes:
+            (graphed if recipe.endswith("graphed") else eager).append(("time", name, recipe))
+        for recipe in numerics_recipes:
+            (graphed if recipe.endswith("graphed") else eager).append(("numerics", name, recipe))
+        if cuda and name in PROFILE_MODELS:
+            eager.append(("profile", name, "ampkernels"))
+            graphed.append(("profile", name, "ampkernels-graphed"))
+    graphed.sort(key=lambda job: job[1] in PROFILE_MODELS)  # stable: BERT-base's graphed jobs last
+    return eager + graphed
+
+
 def run(ctx: RunContext) -> dict[str, Any]:
     recipes = [r for r in RECIPES if ctx.device.type == "cuda" or not r.endswith("graphed")]
     numerics_recipes = [r for r in NUMERICS_RECIPES if r in recipes]
-    models = list(MODELS)
-    ctx.progress.reset(total=len(models) * (len(recipes) + len(numerics_recipes)))
-    rows, numerics, skipped, profiles = [], {}, {}, {}
+    skipped = {name: why for name in MODELS if (why := _available(name, ctx)) is not None}
+    models = [name for name in MODELS if name not in skipped]
+    jobs = _jobs(models, recipes, numerics_recipes, ctx.device.type == "cuda")
+    ctx.progress.reset(total=len(jobs))
+    rows, profiles = [], {}
+    runs: dict[str, dict[str, Any]] = {name: {} for name in models}
+    lost_context = None
+    for kind, name, recipe in jobs:
+        ctx.progress.set_postfix_str(f"{name}: {kind} {recipe}")
+        if lost_context is not None:
+            result = {"error": f"not run: the CUDA context was lost in {lost_context}"}
+        else:
+            try:
+                if kind == "time":
+                    result = _time_recipe(name, recipe, ctx)
+                elif kind == "numerics":
+                    result = _numerics_run(name, recipe, ctx)
+                else:
+                    result = _kernel_profile(name, recipe, ctx)
+            except Exception as exc:  # a failed job is reported, not fatal to the others
+                result = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                if "device-side assert" in str(exc) or "illegal memory access" in str(exc):
+                    lost_context = f"{kind} {name} {recipe}"
+        if kind == "time":
+            rows.append({"model": name, "recipe": recipe, **result})
+        elif kind == "numerics":
+            runs[name][recipe] = result
+        else:
+            profiles.setdefault(name, {})[recipe] = result
+        ctx.progress.update()
+    order = {recipe: i for i, recipe in enumerate(RECIPES)}
+    rows.sort(key=lambda row: (models.index(row["model"]), order[row["recipe"]]))
+    numerics = {}
     for name in models:
-        why = _available(name, ctx)
-        if why is not None:
-            skipped[name] = why
-            ctx.progress.update(len(recipes) + len(numerics_recipes))
-            continue
-        for recipe in recipes:
-            ctx.progress.set_postfix_str(f"{name}: {recipe}")
-            try:
-                rows.append(_time_recipe(name, recipe, ctx))
-            except Exception as exc:  # a failed recipe is reported, not fatal to the other rows
-                rows.append({"model": name, "recipe": recipe, "error": f"{type(exc).__name__}: {exc}"[:500]})
-            ctx.progress.update()
-        if ctx.device.type == "cuda" and name in PROFILE_MODELS:
-            for recipe in ("ampkernels", "ampkernels-graphed"):
-                try:
-                    profiles.setdefault(name, {})[recipe] = _kernel_profile(name, recipe, ctx)
-                except Exception as exc:
-                    profiles.setdefault(name, {})[recipe] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-        runs = {}
-        for recipe in numerics_recipes:
-            ctx.progress.set_postfix_str(f"{name}: {NUMERICS_STEPS} steps, {recipe}")
-            try:
-                runs[recipe] = _numerics_run(name, recipe, ctx)
-            except Exception as exc:
-                runs[recipe] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-            ctx.progress.update()
-        reference = runs.get("stock-fused")
+        reference = runs[name].get("stock-fused")
+        ordered = {recipe: runs[name][recipe] for recipe in NUMERICS_RECIPES if recipe in runs[name]}
         numerics[name] = {
-            "runs": runs,
+            "runs": ordered,
             "versus_stock": {
                 recipe: _compare(reference, run)
-                for recipe, run in runs.items()
+                for recipe, run in ordered.items()
                 if recipe != "stock-fused" and reference and "error" not in reference and "error" not in run
             },
         }
