@@ -122,3 +122,44 @@ def test_capture_step_needs_cuda():
         pytest.skip("checks the error without a CUDA device")
     with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
         capture_step(lambda x: x, torch.ones(1))
+
+
+@pytest.mark.gpu
+def test_long_replay_with_growth_and_overflows_matches_eager():
+    """150 replays with scale growth every 10 steps and overflows injected through an input: the scale history and
+    the losses of the graphed step equal the eager step's. (The 200-step benchmark run saw a graphed scale turn into
+    32766.97 and creep up by ~0.033 per step after ~60 steps: memory the graph used was being rewritten.)"""
+    if not hasattr(ampkernels, "FusedAdamW"):
+        pytest.skip("needs the native fused optimizers")
+    steps, overflow = 150, {20, 21, 90}
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    xs = [torch.randn(16, 32, device="cuda", generator=gen) for _ in range(steps + 1)]
+    ys = [torch.randn(16, 8, device="cuda", generator=gen) for _ in range(steps + 1)]
+
+    def run(graphed: bool):
+        model = _model()
+        opt = ampkernels.FusedAdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        scaler = FusedGradScaler(init_scale=2.0**10, growth_interval=10)
+        train_step = _make_step(model, opt, scaler)
+
+        def step(x, y, poison):
+            return train_step(x * poison, y)
+
+        one = torch.ones((), device="cuda")
+        if graphed:
+            step = capture_step(step, xs[0], ys[0], one)
+        else:
+            for _ in range(3):
+                step(xs[0], ys[0], one)
+        losses, scales = [], []
+        for i in range(1, steps + 1):
+            poison = torch.full((), math.inf if i in overflow else 1.0, device="cuda")
+            losses.append(step(xs[i], ys[i], poison).clone())
+            scales.append(scaler._scale.clone())
+            torch.empty(1024, device="cuda")  # eager allocations between replays, as a training loop makes
+        return torch.stack(losses).cpu(), torch.stack(scales).cpu()
+
+    eager_losses, eager_scales = run(graphed=False)
+    graph_losses, graph_scales = run(graphed=True)
+    assert torch.equal(graph_scales, eager_scales)
+    torch.testing.assert_close(graph_losses, eager_losses, rtol=1e-4, atol=1e-6, equal_nan=True)
