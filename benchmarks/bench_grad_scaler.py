@@ -98,9 +98,13 @@ FUSED_CLIP_DEFERRED = Variant(
 STOCK_PHASE = Variant("post-backward", STOCK, "unscale_ + clip_grad_norm_ + step + update", 32)
 FUSED_PHASE = Variant("post-backward", FUSED, "clip_grad_norm_ + step + update", 32)
 STOCK_SYNC_FREE_PHASE = Variant("post-backward", STOCK_SYNC_FREE, "_foreach_norm + fused AdamW(grad_scale)", 32)
-STOCK_SYNC_FREE_GRAPHED_PHASE = Variant("post-backward", STOCK_SYNC_FREE_GRAPHED, "the same, CUDA graph", 32)
+STOCK_SYNC_FREE_GRAPHED_PHASE = Variant(
+    "post-backward", STOCK_SYNC_FREE_GRAPHED, "_foreach_norm + fused AdamW(grad_scale), CUDA graph", 32
+)
 FUSED_OWN_PHASE = Variant("post-backward", FUSED_OWN, "clip_grad_norm_ + FusedAdamW step + update", 32)
-FUSED_OWN_GRAPHED_PHASE = Variant("post-backward", FUSED_OWN_GRAPHED, "the same, CUDA graph", 32)
+FUSED_OWN_GRAPHED_PHASE = Variant(
+    "post-backward", FUSED_OWN_GRAPHED, "clip_grad_norm_ + FusedAdamW step + update, CUDA graph", 32
+)
 
 
 def _reset_stage(scaler: torch.amp.GradScaler) -> None:

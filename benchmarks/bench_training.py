@@ -417,7 +417,7 @@ def plot(document: dict[str, Any], path: Path, title: str) -> bool:
             if "error" in run:
                 continue
             steps = range(1, len(run["loss"]) + 1)
-            style = {"label": recipe, "color": f"C{index}", "linewidth": 2.5 - index * 0.8}
+            style = {"label": recipe, "color": f"C{index}", "linewidth": max(0.9, 2.5 - index * 0.7)}
             axes[0][column].plot(steps, [v if math.isfinite(v) else math.nan for v in run["loss"]], **style)
             axes[1][column].plot(steps, [math.log2(s) for s in run["scale"]], **style)
         for step in OVERFLOW_STEPS:
