@@ -73,7 +73,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     # the gradients and skipping the step on the host.
     _step_supports_amp_scaling = True
 
-    _KIND = ""  # "adam" or "sgd"
+    _KIND = ""  # "adam" or "sgd": names the tables' kernels (OptimizerTable/StepTable .step_<kind>)
     _STATE_KEYS: tuple = ()
 
     def __init__(self, params, defaults: dict[str, Any], backend: str | None) -> None:
@@ -237,9 +237,28 @@ class _FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"ampkernels: argument 'lr': expected a 1-element float32 tensor, got {lr.dtype}")
         return 0.0, lr
 
+    def _hyper(self, group: dict[str, Any]) -> dict[str, Any]:
+        """The group's hyperparameters as the kernels take them."""
+        raise NotImplementedError
+
+    def _reference_step(self, bucket: _Bucket, grads, lr, grad_scale, found_inf, hyper: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     def _launch(self, bucket: _Bucket, group: dict[str, Any], lr, lr_tensor, grad_scale, found_inf) -> bool:
         """Steps one bucket; False (nothing written) when its gradients no longer match the bucket."""
-        raise NotImplementedError
+        hyper = self._hyper(group)
+        step = getattr(bucket.table, f"step_{self._KIND}") if bucket.backend != "torch" else None
+        if bucket.backend == "native":  # re-checks the gradients in C++ and says whether it launched
+            return step(lr, lr_tensor, grad_scale=grad_scale, found_inf=found_inf, **hyper)
+        if not bucket.still_valid():
+            return False
+        grads = [p.grad for p in bucket.params]
+        lr_value = lr_tensor if lr_tensor is not None else lr
+        if bucket.backend == "triton":
+            step(grads, lr_value, grad_scale, found_inf, **hyper)
+        else:
+            self._reference_step(bucket, grads, lr_value, grad_scale, found_inf, hyper)
+        return True
 
     def _step_buckets(self, buckets, group, grad_scale, found_inf, on) -> list[int] | None:
         """Steps ``buckets`` in order; None when all stepped, else the ids of the parameters stepped before the
@@ -392,9 +411,9 @@ class FusedAdam(_FusedOptimizer):
         master = self._master_tensor(state, p, group)
         return [exp_avg, exp_avg_sq, max_sq, master, self._step_tensor(state, p)]
 
-    def _launch(self, bucket, group, lr, lr_tensor, grad_scale, found_inf):
+    def _hyper(self, group):
         beta1, beta2 = group["betas"]
-        hyper = dict(
+        return dict(
             beta1=float(beta1),
             beta2=float(beta2),
             eps=float(group["eps"]),
@@ -403,15 +422,9 @@ class FusedAdam(_FusedOptimizer):
             maximize=bool(group["maximize"]),
             decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
         )
-        if bucket.backend == "native":
-            return bucket.table.step_adam(lr, lr_tensor, grad_scale=grad_scale, found_inf=found_inf, **hyper)
-        if not bucket.still_valid():
-            return False
+
+    def _reference_step(self, bucket, grads, lr, grad_scale, found_inf, hyper):
         exp_avgs, exp_avg_sqs, max_sqs, masters, steps = bucket.lists
-        grads = [p.grad for p in bucket.params]
-        if bucket.backend == "triton":
-            bucket.table.step_adam(grads, lr_tensor if lr_tensor is not None else lr, grad_scale, found_inf, **hyper)
-            return True
         reference.adam_step(
             bucket.params,
             grads,
@@ -419,13 +432,12 @@ class FusedAdam(_FusedOptimizer):
             exp_avg_sqs,
             max_sqs,
             steps,
-            lr=lr_tensor if lr_tensor is not None else lr,
+            lr=lr,
             grad_scale=grad_scale,
             found_inf=found_inf,
             master_params=masters,
             **hyper,
         )
-        return True
 
 
 class FusedAdamW(FusedAdam):
@@ -542,32 +554,25 @@ class FusedSGD(_FusedOptimizer):
         step = self._step_tensor(state, p, default=1.0 if had_buffer else 0.0)
         return [buf, None, None, master, step]
 
-    def _launch(self, bucket, group, lr, lr_tensor, grad_scale, found_inf):
-        hyper = dict(
+    def _hyper(self, group):
+        return dict(
             momentum=float(group["momentum"]),
             dampening=float(group["dampening"]),
             weight_decay=float(group["weight_decay"]),
             nesterov=bool(group["nesterov"]),
             maximize=bool(group["maximize"]),
         )
-        if bucket.backend == "native":
-            return bucket.table.step_sgd(lr, lr_tensor, grad_scale=grad_scale, found_inf=found_inf, **hyper)
-        if not bucket.still_valid():
-            return False
+
+    def _reference_step(self, bucket, grads, lr, grad_scale, found_inf, hyper):
         bufs, _, _, masters, steps = bucket.lists
-        grads = [p.grad for p in bucket.params]
-        if bucket.backend == "triton":
-            bucket.table.step_sgd(grads, lr_tensor if lr_tensor is not None else lr, grad_scale, found_inf, **hyper)
-            return True
         reference.sgd_step(
             bucket.params,
             grads,
             bufs,
             steps,
-            lr=lr_tensor if lr_tensor is not None else lr,
+            lr=lr,
             grad_scale=grad_scale,
             found_inf=found_inf,
             master_params=masters,
             **hyper,
         )
-        return True
