@@ -2,8 +2,11 @@
 // 16-byte vector access, and deterministic block reductions.
 #pragma once
 
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../tensor_table.h"
@@ -13,6 +16,31 @@ namespace cuda {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;  // independent 16-byte loads in flight per thread
+
+// SMs of the current device, read once per device ordinal (cudaDeviceGetAttribute is not free).
+inline int multiprocessor_count() {
+  static int cached[64] = {0};
+  const int dev = c10::cuda::current_device();
+  if (dev < 64 && cached[dev] > 0) return cached[dev];
+  int count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+  if (dev < 64) cached[dev] = count;
+  return count;
+}
+
+// Blocks of kThreads for a persistent grid of `kKernel` over `work` chunks: what is resident on the chip at once,
+// and no more than there are chunks. Blocks beyond the resident ones would start their share of the chunks only when
+// others finish. NOTE: the float32 unscale-in-place variant uses 40 registers, so 6 (not 8) blocks of 256 threads fit
+// per SM; a fixed 8/SM grid measured 3.50 TB/s on BERT-base unscale_ (82% of copy bandwidth).
+template <auto kKernel>
+int64_t persistent_blocks(int64_t work) {
+  static const int resident_per_sm = [] {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0));
+    return n > 0 ? n : 1;
+  }();
+  return std::min<int64_t>(work, int64_t(multiprocessor_count()) * resident_per_sm);
+}
 
 // Elements of T in one 16-byte access.
 template <typename T>

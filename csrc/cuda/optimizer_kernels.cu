@@ -178,27 +178,10 @@ __global__ void __launch_bounds__(kThreads) step_kernel(KernelArgs a) {
   }
 }
 
-int multiprocessor_count() {
-  static int cached[64] = {0};
-  const int dev = c10::cuda::current_device();
-  if (dev < 64 && cached[dev] > 0) return cached[dev];
-  int count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
-  if (dev < 64) cached[dev] = count;
-  return count;
-}
-
 template <OptimizerKind kKind, typename P, typename G, typename S>
 void launch_step(const KernelArgs& a, cudaStream_t stream) {
   if (a.num_chunks == 0) return;
-  // A persistent grid sized to what is resident at once (see unscale_reduce_kernel.cu for the measurement).
-  static const int resident_per_sm = [] {
-    int blocks = 0;
-    C10_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, step_kernel<kKind, P, G, S>, kThreads, 0));
-    return blocks > 0 ? blocks : 1;
-  }();
-  const int64_t grid = std::min<int64_t>(a.num_chunks, int64_t(multiprocessor_count()) * resident_per_sm);
+  const int64_t grid = persistent_blocks<step_kernel<kKind, P, G, S>>(a.num_chunks);
   step_kernel<kKind, P, G, S><<<grid, kThreads, 0, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

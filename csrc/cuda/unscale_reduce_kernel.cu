@@ -138,30 +138,11 @@ __global__ void __launch_bounds__(kFinalizeThreads)
   }
 }
 
-int multiprocessor_count() {
-  static int cached[64] = {0};  // per device ordinal; read once, cudaDeviceGetAttribute is not free
-  const int dev = c10::cuda::current_device();
-  if (dev < 64 && cached[dev] > 0) return cached[dev];
-  int count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
-  if (dev < 64) cached[dev] = count;
-  return count;
-}
-
 template <typename T, bool kWrite, NormKind kNorm, bool kFactor>
 void launch_group(const TensorTable& table, const TableGroup& g, const UnscaleReduceArgs& a, cudaStream_t stream) {
   const int64_t chunks = g.c_end - g.c_begin;
   if (chunks == 0) return;
-  // A persistent grid must fit on the chip at once: blocks beyond the resident ones would start their share of the
-  // chunks only when others finish. NOTE: the float32 write variant uses 40 registers, so 6 (not 8) blocks of 256
-  // threads fit per SM; a fixed 8/SM grid measured 3.50 TB/s on BERT-base unscale_ (82% of copy bandwidth).
-  static const int resident_per_sm = [] {
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, unscale_reduce_kernel<T, kWrite, kNorm, kFactor>, kThreads, 0));
-    return n > 0 ? n : 1;
-  }();
-  const int64_t blocks = std::min<int64_t>(chunks, int64_t(multiprocessor_count()) * resident_per_sm);
+  const int64_t blocks = persistent_blocks<unscale_reduce_kernel<T, kWrite, kNorm, kFactor>>(chunks);
   unscale_reduce_kernel<T, kWrite, kNorm, kFactor><<<blocks, kThreads, 0, stream>>>(
       table.view(), g.c_begin, g.c_end, a.scale.data_ptr<float>(),
       kFactor ? a.factor.data_ptr<float>() : nullptr, reinterpret_cast<float2*>(table.partials().data_ptr<float>()));
