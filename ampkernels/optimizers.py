@@ -263,14 +263,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _step_buckets(self, buckets, group, grad_scale, found_inf, on) -> list[int] | None:
         """Steps ``buckets`` in order; None when all stepped, else the ids of the parameters stepped before the
         first stale bucket."""
-        stepped: list[int] = []
-        for bucket in buckets:
+        for done, bucket in enumerate(buckets):
             lr, lr_tensor = self._lr_arguments(group["lr"], bucket.device)
             if not self._launch(
                 bucket, group, lr, lr_tensor, on(grad_scale, bucket.device), on(found_inf, bucket.device)
             ):
-                return stepped
-            stepped.extend(id(p) for p in bucket.params)
+                # Only here, on the rare stale step, walk the parameters: 10k ids every step cost ~0.4 ms.
+                return [id(p) for stepped in buckets[:done] for p in stepped.params]
         return None
 
     @torch.no_grad()
