@@ -93,3 +93,14 @@ def select(device: torch.device, requested: str | None = None) -> str:
         if why_not(name, device) is None:
             return name
     return "torch"
+
+
+def same_params(groups: list, flat: tuple) -> bool:
+    """Whether the parameter lists ``groups`` still hold exactly the objects ``flat`` (identity, in order): lets the
+    scaler's and the optimizers' cached launch plans notice ``group["params"][i] = new_param``."""
+    mod = native()
+    if mod is not None:
+        return mod.same_params(groups, flat)
+    return sum(len(g) for g in groups) == len(flat) and all(
+        a is b for a, b in zip((p for g in groups for p in g), flat)
+    )

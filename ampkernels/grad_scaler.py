@@ -94,16 +94,6 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
 
 
-def _same_params(groups: list, flat: tuple) -> bool:
-    """Whether the optimizer's parameter lists still hold exactly the objects ``flat`` (identity, in order)."""
-    native = _backend.native()
-    if native is not None:
-        return native.same_params(groups, flat)
-    return sum(len(g) for g in groups) == len(flat) and all(
-        a is b for a, b in zip((p for g in groups for p in g), flat)
-    )
-
-
 def _check_process_group(group: Any) -> None:
     import torch.distributed as dist
 
@@ -225,7 +215,7 @@ class FusedGradScaler(GradScaler):
         change (the tables themselves re-validate the gradients every call, in C++ for the native backend)."""
         groups = [g["params"] for g in optimizer.param_groups]
         cached = self._grad_tables.get(optimizer)
-        if cached is not None and _same_params(groups, cached[0]):
+        if cached is not None and _backend.same_params(groups, cached[0]):
             return cached[1]
         flat = tuple(p for params in groups for p in params)
         by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)

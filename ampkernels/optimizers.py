@@ -31,13 +31,6 @@ _ADAM_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param", "step")
 _SGD_KEYS = ("momentum_buffer", None, None, "master_param", "step")
 
 
-def _same_objects(a: list, b: tuple) -> bool:
-    mod = _backend.native()
-    if mod is not None:
-        return mod.same_params([a], b)
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
-
-
 @dataclass
 class _Bucket:
     """The parameters of one param group that share a device, a parameter dtype and a gradient dtype."""
@@ -216,7 +209,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             rebuild
             or plan is None
             or plan.options != self._options(group)
-            or not _same_objects(group["params"], plan.params)
+            or not _backend.same_params([group["params"]], plan.params)
             or (not plan.buckets and any(p.grad is not None for p in group["params"]))
         ):
             plan = self._plans[index] = self._build_plan(index, group)

@@ -31,7 +31,7 @@ IN_DTYPES = [
 ]
 OUT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 LAYOUTS = [(True, True), (True, False), (False, True), (False, False)]  # (a row-major, b row-major)
-# AMPK_WMMA_TILE values the launcher knows (csrc/cuda/scaled_matmul_wmma.cu)
+# AMPKERNELS_WMMA_TILE values the launcher knows (csrc/cuda/scaled_matmul_wmma.cu)
 TILES = ["128x128", "128x256x64", "128x128w4", "128x128x64w4", "portable"]
 
 
@@ -126,8 +126,8 @@ def test_shapes_and_layouts(shape, dtype, layout):
 @pytest.mark.gpu
 @needs_op
 def test_every_tile_configuration(tile, layout, dtype, monkeypatch):
-    # The launcher reads AMPK_WMMA_TILE on every call (dev knob for dev/wmma/bench.py).
-    monkeypatch.setenv("AMPK_WMMA_TILE", tile)
+    # The launcher reads AMPKERNELS_WMMA_TILE on every call (dev knob for dev/wmma/bench.py).
+    monkeypatch.setenv("AMPKERNELS_WMMA_TILE", tile)
     a = matrix(390, 264, dtype, layout[0])
     b = matrix(264, 520, dtype, layout[1])
     run_and_check(a, b, mode=3, bias_dtype=torch.float32, out_dtype=torch.float32, accumulate=True)

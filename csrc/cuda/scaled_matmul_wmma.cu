@@ -88,9 +88,9 @@ bool try_tuned(Params& p, const DeviceInfo& info, int dev, cudaStream_t stream) 
 template <typename T>
 void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
   const DeviceInfo info = device_info(dev);
-  // NOTE: AMPK_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x128,
+  // NOTE: AMPKERNELS_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x128,
   // 128x256x64, 128x128w4, 128x128x64w4, portable.
-  const char* forced = std::getenv("AMPK_WMMA_TILE");
+  const char* forced = std::getenv("AMPKERNELS_WMMA_TILE");
   const std::string tile = forced != nullptr ? forced : "auto";
   if (info.major >= 8 && vec && tile != "portable") {
     if (tile == "128x128" && try_tuned<T, CfgM>(p, info, dev, stream)) return;

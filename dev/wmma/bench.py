@@ -1,5 +1,5 @@
 """Times ampkernels::scaled_matmul_wmma_ against torch.mm (cuBLAS) in the same process, for every tile configuration
-the launcher knows (AMPK_WMMA_TILE), and prints TFLOP/s and % of cuBLAS. Run from the repository root after
+the launcher knows (AMPKERNELS_WMMA_TILE), and prints TFLOP/s and % of cuBLAS. Run from the repository root after
 building the extension: ``python3 dev/wmma/bench.py [--quick]``.
 """
 
@@ -73,13 +73,13 @@ def main():
             for tile in TILES:
                 if tile == "portable" and M * N * K > 4096**3:
                     continue  # the scalar-load path is slow; one size is enough to place it
-                os.environ["AMPK_WMMA_TILE"] = tile
+                os.environ["AMPKERNELS_WMMA_TILE"] = tile
                 fn = lambda a=a, b=b, s=scale, o=out: OP(a, b, s, 1, 1.0, None, o, False, None)  # noqa: E731
                 t = timed(fn, reps)
                 err = ((out.float() - ref).norm() / ref.norm()).item()
                 line.append(f"{tile} {flops / t / 1e9:6.0f} ({100 * t_ref / t:3.0f}%, err {err:.1e})")
                 rows.append((str(dtype), M, N, K, layout, tile, flops / t / 1e9, flops / t_ref / 1e9))
-            os.environ.pop("AMPK_WMMA_TILE", None)
+            os.environ.pop("AMPKERNELS_WMMA_TILE", None)
             print(" | ".join(line), flush=True)
     print("\nTFLOP/s: dtype M N K layout tile wmma cuBLAS")
     for r in rows:
