@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -84,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         print("--device cuda: no CUDA device is available", file=sys.stderr)
         return 2
     cpu_small = device.type == "cpu"
+    if cpu_small:
+        # Triton kernels on CPU tensors run in its interpreter, which @triton.jit reads when a kernel is defined:
+        # set before any benchmark module imports a kernel module.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     shrink = args.shrink or (CPU_SHRINK if cpu_small else 1)
     repeats = QUICK_REPEATS if args.quick else REPEATS
     target_loop_s = CPU_TARGET_LOOP_S if cpu_small else GPU_TARGET_LOOP_S

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -227,9 +226,6 @@ def _host_time_us(device: torch.device) -> dict[str, float]:
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    if ctx.cpu_small:
-        # The Triton kernels run on CPU tensors through the interpreter (read when the kernels are first loaded).
-        os.environ.setdefault("TRITON_INTERPRET", "1")
     cases = _cases(ctx.cpu_small)
     backends = _available_backends(ctx.device)
     ctx.progress.reset(total=len(cases))
