@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -413,6 +414,40 @@ def test_under_grad_scaler_matches_stock(device, scaler_kind):
         for a, b in zip(ps, pt, strict=True):
             torch.testing.assert_close(a, b, **FP32_TOL)
     assert float(ours.state[ps[0]]["step"]) == 4.0  # two of six steps skipped
+
+
+def test_lr_scheduler_stepping_after_a_skipped_step_matches_stock(device):
+    """The skip is decided on the device, so our step() always runs and torch's 'scheduler.step() before
+    optimizer.step()' warning cannot fire; the schedule, the parameters and the scale still follow stock's."""
+    ps = make_params([(4, 3), (17,)], device)
+    pt = clone_params(ps)
+    ours, theirs = FusedAdamW(ps, lr=1e-2), torch.optim.AdamW(pt, lr=1e-2)
+    sched_ours = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5)
+    sched_theirs = torch.optim.lr_scheduler.StepLR(theirs, step_size=2, gamma=0.5)
+    s_ours = FusedGradScaler(device, init_scale=2.0**8)
+    s_theirs = torch.amp.GradScaler(device, init_scale=2.0**8)
+    for step in range(5):
+        for scaler in (s_ours, s_theirs):
+            scaler.scale(torch.ones((), device=device))
+        set_grads([ps, pt], step, scale=s_ours.get_scale())
+        if step in (0, 3):  # the very first step overflows, and one later
+            ps[0].grad.view(-1)[1] = math.inf
+            pt[0].grad.view(-1)[1] = math.inf
+        before = [p.detach().clone() for p in ps]
+        s_ours.step(ours)
+        s_theirs.step(theirs)
+        s_ours.update()
+        s_theirs.update()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # stock warns after its skipped first step
+            sched_ours.step()
+            sched_theirs.step()
+        if step in (0, 3):
+            assert all(torch.equal(b, p) for b, p in zip(before, ps, strict=True))
+        assert ours.param_groups[0]["lr"] == theirs.param_groups[0]["lr"]
+        assert s_ours.get_scale() == s_theirs.get_scale()
+        for a, b in zip(ps, pt, strict=True):
+            torch.testing.assert_close(a, b, **FP32_TOL)
 
 
 def test_functional_op_matches_reference(device):
