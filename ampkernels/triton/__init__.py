@@ -1,1 +1,23 @@
-"""Triton kernels of ampkernels (see ``multi_tensor``)."""
+"""Triton kernels of ampkernels (``multi_tensor``, ``optimizers``, ``scaled_matmul``) and what they share."""
+
+from __future__ import annotations
+
+import functools
+import struct
+
+import torch
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA ``device`` (read once per device: the query is not free)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def f64_bits(x: float) -> int:
+    """The bits of ``x`` as a float64, as an int64 kernel argument (Triton passes Python floats as float32)."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]

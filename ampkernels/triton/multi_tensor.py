@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import groupby
@@ -28,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ampkernels import reference
+from ampkernels.triton import f64_bits, num_sms
 
 # --------------------------------------------------------------------------------------------------------------------
 # Kernels
@@ -318,7 +318,6 @@ _TL_DTYPES = {
 
 # (device, signature) -> TensorTable, least recently used first.
 _TABLE_CACHE: OrderedDict[tuple, TensorTable] = OrderedDict()
-_NUM_SMS: dict = {}
 
 
 def _pad_even(seg: torch.Tensor) -> torch.Tensor:
@@ -419,10 +418,7 @@ def clear_table_cache() -> None:
 def _num_programs_cap(device: torch.device) -> int:
     if device.type != "cuda":
         return 4 * _PROGRAMS_PER_SM  # interpreter: programs run one after another anyway
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _NUM_SMS:
-        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _NUM_SMS[idx] * _PROGRAMS_PER_SM
+    return num_sms(device) * _PROGRAMS_PER_SM
 
 
 # triton.jit returns an InterpretedFunction when TRITON_INTERPRET=1 was set before this module was imported.
@@ -640,10 +636,6 @@ def unscale_reduce_(
     return norm, per
 
 
-def _f64_bits(x: float) -> int:
-    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
-
-
 def update_scale_(
     scale: torch.Tensor,
     growth_tracker: torch.Tensor,
@@ -715,8 +707,8 @@ def update_scale_(
             hysteresis_tracker if hysteresis_tracker is not None else growth_tracker,
             counters if counters is not None else growth_tracker,
             history if has_history else scale,
-            _f64_bits(growth_factor),
-            _f64_bits(backoff_factor),
+            f64_bits(growth_factor),
+            f64_bits(backoff_factor),
             int(growth_interval),
             int(hysteresis),
             float(min_scale),

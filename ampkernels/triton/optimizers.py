@@ -14,12 +14,13 @@ Python floats as float32).
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
+
+from ampkernels.triton import f64_bits, num_sms
 
 CHUNK = 16384
 _CHUNK = tl.constexpr(CHUNK)
@@ -294,20 +295,10 @@ def _sgd_kernel(
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _f64_bits(x: float) -> int:
-    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
-
-
-_NUM_SMS: dict[int, int] = {}
-
-
 def _programs(device: torch.device, num_chunks: int) -> int:
     if device.type != "cuda":
         return max(1, min(num_chunks, 8))  # the interpreter runs programs one after another
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _NUM_SMS:
-        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return max(1, min(num_chunks, _NUM_SMS[idx] * _PROGRAMS_PER_SM))
+    return max(1, min(num_chunks, num_sms(device) * _PROGRAMS_PER_SM))
 
 
 class StepTable:
@@ -380,7 +371,7 @@ class StepTable:
             grad_scale=grad_scale if grad_scale is not None else self.scalars,
             found_inf=found_inf if found_inf is not None else self.scalars,
             lr_ptr=lr if lr_is_tensor else self.scalars,
-            lr_bits=0 if lr_is_tensor else _f64_bits(lr),
+            lr_bits=0 if lr_is_tensor else f64_bits(lr),
         ), lr_is_tensor
 
     def _prologue(self, args, lr_is_tensor, is_adam, beta1=0.5, beta2=0.5):
@@ -392,8 +383,8 @@ class StepTable:
             args["found_inf"],
             args["lr_ptr"],
             args["lr_bits"],
-            _f64_bits(math.log2(beta1) if beta1 > 0 else -math.inf),
-            _f64_bits(math.log2(beta2) if beta2 > 0 else -math.inf),
+            f64_bits(math.log2(beta1) if beta1 > 0 else -math.inf),
+            f64_bits(math.log2(beta2) if beta2 > 0 else -math.inf),
             IS_ADAM=is_adam,
             HAS_FOUND=args["found_inf"] is not self.scalars,
             LR_FROM_PTR=lr_is_tensor,
@@ -433,7 +424,7 @@ class StepTable:
             args["lr_ptr"],
             args["lr_bits"],
             float(weight_decay),
-            _f64_bits(weight_decay),
+            f64_bits(weight_decay),
             float(beta2),
             float(1 - beta1),
             float(1 - beta2),

@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from ampkernels.triton import num_sms
+
 try:  # triton >= 3.3 (the GPU machine has 3.6)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older triton: pointer kernel only
@@ -358,11 +360,6 @@ def tuning_enabled() -> bool:
 
 
 @functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-@functools.cache
 def _device_name(device_index: int) -> str:
     return torch.cuda.get_device_name(device_index)
 
@@ -375,7 +372,7 @@ def _capability(device_index: int) -> tuple[int, int]:
 def _num_programs(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # interpreter: a few programs exercise the persistent loop
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return num_sms(device)
 
 
 def device_descriptors() -> bool:
