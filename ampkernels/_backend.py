@@ -104,3 +104,12 @@ def same_params(groups: list, flat: tuple) -> bool:
     return sum(len(g) for g in groups) == len(flat) and all(
         a is b for a, b in zip((p for g in groups for p in g), flat)
     )
+
+
+def to_kernel_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A scalar tensor (scale, factor, flag) on the ``device`` whose kernels read it. Asynchronous, except from a
+    GPU to the CPU: the CPU kernels read the value at once, and a non-blocking device-to-host copy lands in pinned
+    memory later (seen as garbage scales on CPU parameters)."""
+    if t.device == device:
+        return t
+    return t.to(device, non_blocking=not (t.device.type == "cuda" and device.type == "cpu"))

@@ -80,14 +80,6 @@ class _TorchGradTable:
         return res.norm, each, res.clip_coef
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device``. Asynchronous, except from a GPU to the CPU: the CPU kernels read the value at once, and
-    a non-blocking device-to-host copy lands in pinned memory later (seen as garbage scales on CPU parameters)."""
-    if t.device == device:
-        return t
-    return t.to(device, non_blocking=not (t.device.type == "cuda" and device.type == "cpu"))
-
-
 def _is_dtensor(t: torch.Tensor) -> bool:
     # DTensor (FSDP2's sharded parameters and gradients) is a wrapper without storage; the kernels run on its
     # local shard. Checked by name so that torch builds without torch.distributed import fine.
@@ -238,7 +230,7 @@ class FusedGradScaler(GradScaler):
 
     def _scale_on(self, device: torch.device) -> torch.Tensor:
         assert self._scale is not None
-        return _to_device(self._scale, device)
+        return _backend.to_kernel_device(self._scale, device)
 
     def _fused_pass(
         self,
@@ -259,8 +251,8 @@ class FusedGradScaler(GradScaler):
         results = []
         with torch.no_grad():
             for device, table, params in self._tables(optimizer):
-                s = self._scale_on(device) if scale is None else _to_device(scale, device)
-                f = None if factor is None else _to_device(factor, device)
+                s = self._scale_on(device) if scale is None else _backend.to_kernel_device(scale, device)
+                f = None if factor is None else _backend.to_kernel_device(factor, device)
                 found = torch.zeros((), dtype=torch.float32, device=device)
                 norm, _, coef = table.unscale_reduce(s, found, f, write, norm_type, False, max_norm, revalidate)
                 sparse = table.sparse_params()

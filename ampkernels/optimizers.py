@@ -300,9 +300,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 return t
             key = (id(t), device)
             if key not in per_device:
-                # Blocking from a GPU to the CPU: the CPU kernels read the value at once, and a non-blocking
-                # device-to-host copy lands in pinned memory later.
-                per_device[key] = t.to(device, non_blocking=not (t.device.type == "cuda" and device.type == "cpu"))
+                per_device[key] = _backend.to_kernel_device(t, device)
             return per_device[key]
 
         for index, group in enumerate(self.param_groups):

@@ -33,6 +33,7 @@ from ampkernels import FusedGradScaler, capture_step
 from benchmarks.common import (
     LoopTiming,
     RunContext,
+    format_ms,
     format_table,
     free_device_memory,
     plot_grouped_bars,
@@ -303,10 +304,6 @@ def run(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def _format_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
-
-
 def report(document: dict[str, Any]) -> str:
     headers = ["set", "case", "implementation", "iters", "time ms", "device ms", "GB/s", "x floor", "speedup"]
     table_rows = [
@@ -315,8 +312,8 @@ def report(document: dict[str, Any]) -> str:
             row["case"],
             row["label"],
             str(row["iterations"]),
-            _format_ms(row["wall_ms"]),
-            _format_ms(row["device_ms"]),
+            format_ms(row["wall_ms"]),
+            format_ms(row["device_ms"]),
             f"{row['gbs']:.1f}",
             f"{row['x_floor']:.2f}",
             "-" if row["speedup_over_stock"] is None else f"{row['speedup_over_stock']:.2f}x",

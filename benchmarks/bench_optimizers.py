@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ampkernels import FusedAdamW
-from benchmarks.common import format_table, free_device_memory, plot_grouped_bars, time_interleaved
+from benchmarks.common import format_ms, format_table, free_device_memory, plot_grouped_bars, time_interleaved
 from benchmarks.param_sets import PARAM_SETS, make_params
 
 NAME = "optimizers"
@@ -88,10 +88,6 @@ def run(ctx) -> dict[str, Any]:
     return {"param_sets": param_sets, "notes": [TIMING_NOTE], "warnings": [], "rows": rows}
 
 
-def _format_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
-
-
 def report(document: dict[str, Any]) -> str:
     headers = ["set", "implementation", "iters", "time ms", "device ms", "GB/s", "% copy", "x floor", "speedup"]
     table_rows = [
@@ -99,8 +95,8 @@ def report(document: dict[str, Any]) -> str:
             row["set"],
             row["label"],
             str(row["iterations"]),
-            _format_ms(row["wall_ms"]),
-            _format_ms(row["device_ms"]),
+            format_ms(row["wall_ms"]),
+            format_ms(row["device_ms"]),
             f"{row['gbs']:.1f}",
             f"{row['pct_of_copy']:.0f}%",
             f"{row['x_floor']:.2f}",

@@ -204,6 +204,11 @@ def save_json(path: Path, document: dict[str, Any]) -> None:
     path.write_text(json.dumps(document, indent=2) + "\n")
 
 
+def format_ms(value: float | None) -> str:
+    """Milliseconds for a table: 3 decimals below 10 ms, 1 above, "-" for none."""
+    return "-" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
 def format_table(headers: list[str], rows: list[list[str]], align: str) -> str:
     """Plain-text table; ``align`` has one letter per column, ``l`` or ``r``."""
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
