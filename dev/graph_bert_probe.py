@@ -13,7 +13,7 @@ import sys
 import time
 
 CONFIGS = [
-    {"optimizer": "ampkernels", "scaler": "fused", "dropout": 0.1},
+    {"optimizer": "ampkernels", "scaler": "fused", "dropout": 0.1, "profile": True},
     {"optimizer": "torch-fused", "scaler": "fused", "dropout": 0.1},
     {"optimizer": "ampkernels", "scaler": "fused", "dropout": 0.0},
 ]
@@ -81,7 +81,24 @@ def probe(config: dict) -> dict:
     result["replay_loss"] = float(loss)
     result["graphed_ms"] = timed(graphed)
     result["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if config.get("profile"):
+        result["eager_kernels"] = top_kernels(step, ids)
+        result["graphed_kernels"] = top_kernels(graphed, ids)
     return result
+
+
+def top_kernels(fn, ids, top: int = 10) -> list:
+    """The ``top`` CUDA kernels of one call by time: [name, ms, calls]."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(ids)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    return [[e.key[:90], round(e.self_device_time_total / 1e3, 3), e.count] for e in kernels[:top]]
 
 
 def main() -> None:
