@@ -5,6 +5,8 @@ optimizer that takes the scale and the skip flag on the device (``ampkernels.Fus
 or torch's with ``fused=True, capturable=True``), the non-finite check, the clip, the skip and the scale update all
 stay on the device, so an overflowing step is still skipped and the scale still backs off during replay. Stock
 ``torch.amp.GradScaler.step`` with an ordinary optimizer reads ``found_inf`` on the host and cannot be captured.
+Hugging Face models called without an attention mask need ``transformers_mask_skip=True`` to keep flash attention
+in the graph (see :func:`transformers_mask_skip`).
 
 Example::
 
@@ -28,7 +30,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -40,6 +44,33 @@ HOST_SYNC_HINT = (
     "ampkernels.FusedGradScaler with ampkernels.FusedAdamW/FusedAdam/FusedSGD (or torch's with fused=True, "
     "capturable=True) and keep the step free of host reads"
 )
+
+
+@contextlib.contextmanager
+def transformers_mask_skip() -> Iterator[None]:
+    """While active, Hugging Face transformers drops an absent attention mask during CUDA graph capture as in eager.
+
+    transformers 5 counts stream capture as tracing (``transformers.utils.import_utils.is_tracing``) and then builds
+    the full attention mask even for a batch without one, which keeps SDPA off flash attention: a captured BERT-base
+    step (batch 32, seq 512, fp16) replayed in 107 ms against 52 ms eager, with 11 GiB more memory (H200). Inside
+    this context stream capture does not count as tracing, so a model called without ``attention_mask`` takes the
+    same attention kernels as in eager mode. A batch that does carry a padding mask then makes transformers read it
+    on the host, which fails the capture with an error instead of baking a data-dependent choice into the graph.
+    Does nothing when transformers is not imported.
+    """
+    import_utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(import_utils, "is_cuda_stream_capturing", None)
+    if original is None:
+        yield
+        return
+    import_utils.is_cuda_stream_capturing = lambda: False
+    try:
+        yield
+    finally:
+        import_utils.is_cuda_stream_capturing = original
+
+
+_mask_skip = transformers_mask_skip  # the constructor's flag of the same name shadows it
 
 
 class CapturedStep:
@@ -54,12 +85,20 @@ class CapturedStep:
             exists) train on it, and the graph keeps copies of these tensors as its inputs.
         warmup: eager steps on a side stream before capture (3, as torch's whole-network capture recipe).
         pool: a memory pool handle (``torch.cuda.graph_pool_handle()``) to share with other graphs.
+        transformers_mask_skip: capture under :func:`transformers_mask_skip`, for Hugging Face models called
+            without an attention mask (otherwise their captured attention runs masked, about 2x slower).
     Returns (when called): ``step_fn``'s output as captured. Its tensors are the graph's own and are overwritten
         by the next replay: clone what you keep.
     """
 
     def __init__(
-        self, step_fn: Callable[..., Any], *example_args: Any, warmup: int = 3, pool: Any = None, **example_kwargs: Any
+        self,
+        step_fn: Callable[..., Any],
+        *example_args: Any,
+        warmup: int = 3,
+        pool: Any = None,
+        transformers_mask_skip: bool = False,
+        **example_kwargs: Any,
     ) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("ampkernels.capture_step: CUDA graphs need a CUDA device")
@@ -82,8 +121,9 @@ class CapturedStep:
         torch.cuda.current_stream().wait_stream(side)
 
         self.graph = torch.cuda.CUDAGraph()
+        masks = _mask_skip() if transformers_mask_skip else contextlib.nullcontext()
         try:
-            with torch.cuda.graph(self.graph, pool=pool):
+            with masks, torch.cuda.graph(self.graph, pool=pool):
                 self._output = step_fn(*args, **kwargs)
         except RuntimeError as exc:
             if "not permitted when stream is capturing" in str(exc) or "StreamCapture" in str(exc):
@@ -118,7 +158,19 @@ class CapturedStep:
 
 
 def capture_step(
-    step_fn: Callable[..., Any], *example_args: Any, warmup: int = 3, pool: Any = None, **example_kwargs: Any
+    step_fn: Callable[..., Any],
+    *example_args: Any,
+    warmup: int = 3,
+    pool: Any = None,
+    transformers_mask_skip: bool = False,
+    **example_kwargs: Any,
 ) -> CapturedStep:
     """Capture ``step_fn(*example_args, **example_kwargs)`` in a CUDA graph; see :class:`CapturedStep`."""
-    return CapturedStep(step_fn, *example_args, warmup=warmup, pool=pool, **example_kwargs)
+    return CapturedStep(
+        step_fn,
+        *example_args,
+        warmup=warmup,
+        pool=pool,
+        transformers_mask_skip=transformers_mask_skip,
+        **example_kwargs,
+    )

@@ -166,7 +166,9 @@ def _build(name: str, recipe: str, ctx: RunContext, dropout: float, scaler_setti
         return (*batch, torch.tensor(poison, device=ctx.device))
 
     if recipe.endswith("graphed"):
-        step = capture_step(step, *inputs(0))  # its 3 warmup steps train on batch 0, like the eager warmup
+        # Its 3 warmup steps train on batch 0, like the eager warmup. The batches carry no attention mask: without
+        # transformers_mask_skip the captured attention ran masked, BERT-base 107 ms against 52 ms eager.
+        step = capture_step(step, *inputs(0), transformers_mask_skip=True)
     else:
         for _ in range(3):
             step(*inputs(0))

@@ -14,6 +14,7 @@ import time
 
 CONFIGS = [
     {"optimizer": "ampkernels", "scaler": "fused", "dropout": 0.1, "profile": True},
+    {"optimizer": "ampkernels", "scaler": "fused", "dropout": 0.1, "mask_skip": False},
     {"optimizer": "torch-fused", "scaler": "fused", "dropout": 0.1},
     {"optimizer": "ampkernels", "scaler": "fused", "dropout": 0.0},
 ]
@@ -70,7 +71,7 @@ def probe(config: dict) -> dict:
         step(ids)
     result["eager_ms"] = timed(step)
     result["buffers_intact_after_eager"] = buffers_intact()
-    graphed = ampkernels.capture_step(step, ids)
+    graphed = ampkernels.capture_step(step, ids, transformers_mask_skip=config.get("mask_skip", True))
     torch.cuda.synchronize()
     result["buffers_intact_after_capture"] = buffers_intact()
     result["graph_nodes"] = graphed.graph.num_nodes() if hasattr(graphed.graph, "num_nodes") else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 
 import pytest
 import torch
@@ -163,3 +164,73 @@ def test_long_replay_with_growth_and_overflows_matches_eager():
     graph_losses, graph_scales = run(graphed=True)
     assert torch.equal(graph_scales, eager_scales)
     torch.testing.assert_close(graph_losses, eager_losses, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_transformers_mask_skip_hides_capture_from_transformers_and_restores(monkeypatch):
+    import types
+
+    from ampkernels.cuda_graph import transformers_mask_skip
+
+    def capturing():
+        return True
+
+    fake = types.ModuleType("transformers.utils.import_utils")
+    fake.is_cuda_stream_capturing = capturing
+    monkeypatch.setitem(sys.modules, "transformers.utils.import_utils", fake)
+    with transformers_mask_skip():
+        assert fake.is_cuda_stream_capturing() is False
+    assert fake.is_cuda_stream_capturing is capturing
+    with pytest.raises(ValueError), transformers_mask_skip():  # restored when the capture raises
+        raise ValueError
+    assert fake.is_cuda_stream_capturing is capturing
+    monkeypatch.delitem(sys.modules, "transformers.utils.import_utils")
+    with transformers_mask_skip():  # transformers not imported: nothing to do
+        pass
+
+
+@pytest.mark.gpu
+def test_captured_bert_step_keeps_maskless_attention_and_matches_eager(monkeypatch):
+    """transformers materializes an attention mask while a stream captures; with transformers_mask_skip=True the
+    captured step calls SDPA without a mask, as eager does, and its losses equal the eager step's."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=512,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    masks = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask", args[3] if len(args) > 3 else None))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    batches = [torch.randint(0, 512, (4, 64), device="cuda", generator=gen) for _ in range(6)]
+
+    def run(graphed: bool):
+        torch.manual_seed(0)
+        model = transformers.BertForMaskedLM(config).cuda().train()
+        opt = ampkernels.FusedAdamW(model.parameters(), lr=1e-3)
+        scaler = FusedGradScaler()
+
+        def step(ids):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(input_ids=ids, labels=ids).loss
+            scaler.scale(loss).backward()
+            scaler.clip_grad_norm_(opt, 1.0)
+            scaler.step(opt)
+            scaler.update()
+            return loss.detach()
+
+        if graphed:
+            masks.clear()
+            step = capture_step(step, batches[0], transformers_mask_skip=True)
+            assert masks and all(m is None for m in masks), "the captured attention got a mask"
+        else:
+            for _ in range(3):
+                step(batches[0])
+        return torch.stack([step(ids).clone() for ids in batches[1:]]).cpu()
+
+    torch.testing.assert_close(run(graphed=True), run(graphed=False), rtol=1e-4, atol=1e-5)
