@@ -48,7 +48,8 @@ def main(num_tensors: int, steps: int = 100) -> None:
         torch.cuda.synchronize()
         total = (time.perf_counter() - wall) / steps * 1e3
         parts = ", ".join(f"{k} {v / steps * 1e3:.3f}" for k, v in seg.items())
-        print(f"{num_tensors} tensors, {'fresh' if fresh else 'same'} grads: {total:.3f} ms/step wall ({parts} ms host)")
+        kind = "fresh" if fresh else "same"
+        print(f"{num_tensors} tensors, {kind} grads: {total:.3f} ms/step wall ({parts} ms host)")
 
 
 if __name__ == "__main__":
