@@ -236,6 +236,17 @@ class GradTable {
   std::vector<int64_t> sparse_params() const { return sparse_; }
   int64_t rebuilds() const { return rebuilds_; }
 
+  // Every device address the kernels use (gradients, staged copies, the table): see OptimizerTable::addresses.
+  std::vector<std::pair<std::string, int64_t>> addresses() const {
+    std::vector<std::pair<std::string, int64_t>> out;
+    if (!table_) return out;
+    for (const auto& key : keys_) out.emplace_back("grad", reinterpret_cast<int64_t>(key.ptr));
+    for (const auto& [i, copy] : staged_) out.emplace_back("staged", reinterpret_cast<int64_t>(copy.data_ptr()));
+    for (const auto* t : {&table_->meta(), &table_->partials()})
+      if (t->is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(t->data_ptr()));
+    return out;
+  }
+
  private:
   // p.grad() without the dispatch through VariableHooks (8 vs 24 ns a parameter, measured on a 2-core Xeon VM).
   static c10::TensorImpl* grad_impl(const at::Tensor& p) {
@@ -411,6 +422,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("found_inf"), pybind11::arg("factor"), pybind11::arg("write"), pybind11::arg("norm_type"),
            pybind11::arg("per_tensor"), pybind11::arg("max_norm"), pybind11::arg("revalidate") = true)
       .def("sparse_params", &ampkernels::GradTable::sparse_params)
-      .def_property_readonly("rebuilds", &ampkernels::GradTable::rebuilds);
+      .def_property_readonly("rebuilds", &ampkernels::GradTable::rebuilds)
+      .def("addresses", &ampkernels::GradTable::addresses);
   ampkernels::register_optimizer_bindings(m);
 }

@@ -186,6 +186,20 @@ class OptimizerTable {
 
   int64_t uploads() const { return uploads_; }
 
+  // Every device address the step kernels use, by role: to check that a captured graph points at live memory.
+  std::vector<std::pair<std::string, int64_t>> addresses() const {
+    static const char* kNames[kNumLists] = {"grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param", "step"};
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (const void* p : param_ptrs_) out.emplace_back("param", reinterpret_cast<int64_t>(p));
+    const size_t n = params_.size();
+    for (int k = 0; k < kNumLists; ++k)
+      for (size_t i = 0; i < n; ++i)
+        if (host_lists_[k * n + i] != 0) out.emplace_back(kNames[k], host_lists_[k * n + i]);
+    for (const auto* t : {&lists_, &scalars_, &table_->meta(), &table_->partials()})
+      if (t->defined() && t->is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(t->data_ptr()));
+    return out;
+  }
+
  private:
   OptimizerLaunch make_launch(double lr, const std::optional<at::Tensor>& lr_tensor,
                               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
@@ -366,7 +380,8 @@ void register_optimizer_bindings(pybind11::module& m) {
           pybind11::arg("lr"), pybind11::arg("lr_tensor"), pybind11::arg("momentum"), pybind11::arg("dampening"),
           pybind11::arg("weight_decay"), pybind11::arg("nesterov"), pybind11::arg("maximize"),
           pybind11::arg("grad_scale"), pybind11::arg("found_inf"))
-      .def_property_readonly("uploads", &OptimizerTable::uploads);
+      .def_property_readonly("uploads", &OptimizerTable::uploads)
+      .def("addresses", &OptimizerTable::addresses);
 }
 
 }  // namespace ampkernels
