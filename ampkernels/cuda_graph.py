@@ -111,6 +111,12 @@ class CapturedStep:
                     f"ampkernels.capture_step: input {i} is on {leaf.device}; graph inputs must be CUDA tensors"
                 )
         self._leaves = [leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        # The graph reads and writes the memory of everything the step uses (parameters, gradients, optimizer state,
+        # launch tables and their pinned host sources) but holds no reference to it. A step_fn that is the only
+        # owner of its model and optimizer (a closure built by a helper) would otherwise free them at once and the
+        # replays would write into memory that later allocations get: seen as a drifting loss scale after 58
+        # replays and an out-of-range gather in BERT's embeddings.
+        self._step_fn = step_fn
         args, kwargs = pytree.tree_unflatten(self._leaves, self._spec)
 
         side = torch.cuda.Stream()

@@ -4,6 +4,7 @@ are still skipped and the scale still updated; capture with an ordinary optimize
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import sys
 
@@ -234,3 +235,35 @@ def test_captured_bert_step_keeps_maskless_attention_and_matches_eager(monkeypat
         return torch.stack([step(ids).clone() for ids in batches[1:]]).cpu()
 
     torch.testing.assert_close(run(graphed=True), run(graphed=False), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_captured_step_keeps_what_its_step_function_owns_alive():
+    """A step built by a helper is often the only owner of its model and optimizer. The captured step must keep it
+    alive: the graph writes their memory at every replay. (bench_training dropped it; eager allocations then took
+    the freed parameter memory and the replays corrupted them: a drifting scale, NaN losses, an out-of-range gather.)"""
+    if not hasattr(ampkernels, "FusedAdamW"):
+        pytest.skip("needs the native fused optimizers")
+    batches = _batches(12)
+
+    def build():
+        model = _model()
+        opt = ampkernels.FusedAdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        return _make_step(model, opt, FusedGradScaler(init_scale=2.0**10)), model
+
+    eager_step, _ = build()
+    for _ in range(3):
+        eager_step(*batches[0])
+    eager = torch.stack([eager_step(x, y).clone() for x, y in batches[1:]])
+
+    graphed = capture_step(build()[0], *batches[0])  # the model and optimizer now live only in the step's closure
+    gc.collect()
+    # Allocations the size of every parameter and state tensor, filled with garbage: they take any freed block.
+    sizes = [p.numel() for p in _model().parameters()] * 6
+    squatters = [torch.full((n,), 7.0, device="cuda") for n in sizes]
+    losses = []
+    for x, y in batches[1:]:
+        losses.append(graphed(x, y).clone())
+        squatters.append(torch.full((64,), 7.0, device="cuda"))
+    torch.testing.assert_close(torch.stack(losses), eager, rtol=1e-4, atol=1e-6)
+    assert all(bool((s == 7.0).all()) for s in squatters), "a replay wrote into memory the graph does not own"
