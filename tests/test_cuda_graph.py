@@ -265,5 +265,5 @@ def test_captured_step_keeps_what_its_step_function_owns_alive():
     for x, y in batches[1:]:
         losses.append(graphed(x, y).clone())
         squatters.append(torch.full((64,), 7.0, device="cuda"))
-    torch.testing.assert_close(torch.stack(losses), eager, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(torch.stack(losses), eager, rtol=1e-4, atol=1e-6, equal_nan=True)  # overflow steps
     assert all(bool((s == 7.0).all()) for s in squatters), "a replay wrote into memory the graph does not own"
