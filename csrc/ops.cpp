@@ -331,7 +331,10 @@ class GradTable {
       }
       slot_[i] = static_cast<int64_t>(keys_.size());
       const bool dense = g.is_non_overlapping_and_dense();
-      if (!dense) staged_.emplace_back(static_cast<int64_t>(i), g.contiguous());
+      if (!dense) {
+        staged_.emplace_back(static_cast<int64_t>(i), g.contiguous());
+        retain_if_capturing(device_, {&staged_.back().second});
+      }
       kernel_tensors.push_back(dense ? g : staged_.back().second);
       keys_.push_back({g.data_ptr(), g.numel(), dt});
       seen_.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(g.getIntrusivePtr()), g.storage().unsafeGetStorageImpl(),

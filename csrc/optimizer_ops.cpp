@@ -112,6 +112,7 @@ class OptimizerTable {
     grad_ptrs_.assign(n, nullptr);
     staged_.assign(n, at::Tensor());
     scalars_ = at::empty({n, 2}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    retain_if_capturing(device_, {&scalars_});
   }
 
   // Re-reads the gradients. False: a parameter lost its gradient or changed, a watched one gained one, or a
@@ -133,7 +134,10 @@ class OptimizerTable {
       if (ptr == grad_ptrs_[i]) continue;
       // A gradient laid out unlike its parameter is read through a copy in the parameter's layout.
       const bool same_layout = g->strides() == p.strides();
-      if (!same_layout && !staged_[i].defined()) staged_[i] = at::empty_like(p, p.options().dtype(grad_dtype_));
+      if (!same_layout && !staged_[i].defined()) {
+        staged_[i] = at::empty_like(p, p.options().dtype(grad_dtype_));
+        retain_if_capturing(device_, {&staged_[i]});
+      }
       if (same_layout) staged_[i] = at::Tensor();
       grad_ptrs_[i] = ptr;
       host_lists_[kGradList * n + i] = reinterpret_cast<int64_t>(same_layout ? ptr : staged_[i].data_ptr());
@@ -228,13 +232,14 @@ class OptimizerTable {
   }
 
   void upload() {
-    // A fresh pinned buffer every time: the previous one may still be read by an asynchronous copy. It is kept
-    // until the next upload: a copy captured in a CUDA graph reads it again at every replay (when it was freed
-    // instead, the pinned allocator handed it out again and replays read garbage addresses).
+    // A fresh pinned buffer every time: the previous one may still be read by an asynchronous copy. A copy captured
+    // in a CUDA graph reads it again at every replay, also after a later upload replaced it here (when it was freed,
+    // the pinned allocator handed it out again and replays read garbage addresses): retained while capturing.
     const auto opts = at::TensorOptions().dtype(at::kLong).pinned_memory(device_.is_cuda());
     lists_host_ = at::empty({static_cast<int64_t>(host_lists_.size())}, opts);
     std::copy(host_lists_.begin(), host_lists_.end(), lists_host_.data_ptr<int64_t>());
     lists_ = device_.is_cpu() ? lists_host_ : lists_host_.to(device_, /*non_blocking=*/true);
+    retain_if_capturing(device_, {&lists_host_, &lists_});
     ++uploads_;
   }
 

@@ -1,8 +1,34 @@
 #include "tensor_table.h"
 
 #include <algorithm>
+#include <mutex>
+
+#ifdef AMPK_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
 
 namespace ampkernels {
+
+bool capturing(at::Device device) {
+#ifdef AMPK_WITH_CUDA
+  if (!device.is_cuda()) return false;
+  const c10::cuda::CUDAGuard guard(device);
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+void retain_if_capturing(at::Device device, std::initializer_list<const at::Tensor*> tensors) {
+  if (!capturing(device)) return;
+  static std::mutex mutex;
+  static auto& retained = *new std::vector<at::Tensor>();  // never destroyed: see TableCache in ops.cpp
+  const std::lock_guard<std::mutex> lock(mutex);
+  for (const at::Tensor* t : tensors)
+    if (t->defined()) retained.push_back(*t);
+}
 
 namespace {
 // Order in which dtype groups are laid out (any fixed order works; this one is stable across calls).
@@ -63,6 +89,7 @@ TensorTable::TensorTable(const std::vector<at::Tensor>& tensors, at::Device devi
 
   meta_ = device.is_cpu() ? meta_host_ : meta_host_.to(device, /*non_blocking=*/true);
   partials_ = at::empty({std::max<int64_t>(num_chunks_, 1), 2}, at::TensorOptions().dtype(at::kFloat).device(device));
+  retain_if_capturing(device, {&meta_host_, &meta_, &partials_});
 }
 
 bool TensorTable::matches(const std::vector<at::Tensor>& tensors) const {

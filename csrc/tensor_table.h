@@ -6,9 +6,20 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 namespace ampkernels {
+
+// True while the current CUDA stream of `device` is being captured into a CUDA graph.
+bool capturing(at::Device device);
+
+// Keeps `tensors` for the life of the process when a graph is being captured on `device` now. A captured graph
+// reads (and writes) a launch table's memory at every replay, including the pinned host source of its upload, but
+// holds no reference to it; the table itself may be rebuilt or evicted while the graph still replays (a second
+// graph over the same optimizer, an eager step whose gradients moved, the op caches' LRU). A few tensors per
+// capture, so never freeing them costs little.
+void retain_if_capturing(at::Device device, std::initializer_list<const at::Tensor*> tensors);
 
 // NOTE: 16K elements a chunk keeps the persistent grid's last round short (BERT-base: 6.7k chunks over 1056
 // blocks); per-chunk overhead is one block reduction, ~1% of a chunk's memory time.

@@ -267,3 +267,39 @@ def test_captured_step_keeps_what_its_step_function_owns_alive():
         squatters.append(torch.full((64,), 7.0, device="cuda"))
     torch.testing.assert_close(torch.stack(losses), eager, rtol=1e-4, atol=1e-6, equal_nan=True)  # overflow steps
     assert all(bool((s == 7.0).all()) for s in squatters), "a replay wrote into memory the graph does not own"
+
+
+@pytest.mark.gpu
+def test_two_graphs_over_one_optimizer_replay_correctly_after_each_other():
+    """Two captured steps (two batch sizes) share one model, scaler and FusedAdamW. Capturing the second moves the
+    gradients and re-uploads the launch tables; the first graph still reads its own upload's pinned host source at
+    every replay, which must stay alive (it is retained): replaying both in turn, with an eager step in between,
+    equals the same steps eagerly. Pinned allocations filled with garbage would take a freed source."""
+    if not hasattr(ampkernels, "FusedAdamW"):
+        pytest.skip("needs the native fused optimizers")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    big = [(torch.randn(16, 32, device="cuda", generator=gen), torch.randn(16, 8, device="cuda", generator=gen))
+           for _ in range(7)]  # fmt: skip
+    small = [(x[:5].clone(), y[:5].clone()) for x, y in big]
+
+    def build():
+        model = _model()
+        opt = ampkernels.FusedAdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        return _make_step(model, opt, FusedGradScaler(init_scale=2.0**10))
+
+    # Replays of both graphs in turn, and one eager step of the same step function in between (its gradients land
+    # in ordinary memory and the launch tables move there; the graphs must keep reading their own).
+    plan = [("big", 1), ("small", 1), ("big", 2), ("eager", 3), ("small", 2), ("big", 4), ("small", 5), ("big", 6)]
+    batches = {"big": big, "small": small, "eager": big}
+
+    eager_step = build()
+    for batch in (big[0],) * 3 + (small[0],) * 3:  # what the two captures' warmups train on
+        eager_step(*batch)
+    eager = [eager_step(*batches[kind][i]).clone() for kind, i in plan]
+
+    step = build()
+    graphs = {"big": capture_step(step, *big[0]), "small": capture_step(step, *small[0]), "eager": step}
+    squatters = [torch.full((n,), -1, dtype=torch.int64).pin_memory() for n in (64, 128, 256, 512, 1024) * 8]
+    graphed = [graphs[kind](*batches[kind][i]).clone() for kind, i in plan]
+    del squatters
+    torch.testing.assert_close(torch.stack(graphed), torch.stack(eager), rtol=1e-4, atol=1e-6)

@@ -18,6 +18,17 @@ def num_sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+_RETAINED_FOR_GRAPHS: list[torch.Tensor] = []
+
+
+def retain_if_capturing(*tensors: torch.Tensor) -> None:
+    """Keep ``tensors`` for the life of the process when a CUDA graph is being captured now: the graph reads them at
+    every replay (a table's pinned upload source, its device copy) but holds no reference to them, and the table
+    may be rebuilt or evicted while the graph still replays (the C++ tables do the same: csrc/tensor_table.h)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        _RETAINED_FOR_GRAPHS.extend(tensors)
+
+
 def f64_bits(x: float) -> int:
     """The bits of ``x`` as a float64, as an int64 kernel argument (Triton passes Python floats as float32)."""
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]

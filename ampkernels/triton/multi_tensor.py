@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ampkernels import reference
-from ampkernels.triton import f64_bits, num_sms
+from ampkernels.triton import f64_bits, num_sms, retain_if_capturing
 
 # --------------------------------------------------------------------------------------------------------------------
 # Kernels
@@ -386,6 +386,7 @@ class TensorTable:
         if self.device.type == "cuda":
             self._host = self._host.pin_memory()
         self.buffer = self._host.to(self.device, non_blocking=True)
+        retain_if_capturing(self._host, self.buffer)  # the table cache may evict this table while a graph replays it
         views = []
         off = 0
         for s, p in zip(segs, padded, strict=True):

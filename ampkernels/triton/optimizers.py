@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ampkernels.triton import f64_bits, num_sms
+from ampkernels.triton import f64_bits, num_sms, retain_if_capturing
 
 CHUNK = 16384
 _CHUNK = tl.constexpr(CHUNK)
@@ -333,8 +333,8 @@ class StepTable:
             for t, x in enumerate(tensors):
                 self._host_lists[row][t] = x.data_ptr()
         meta = [p.data_ptr() for p in self.params] + numels + chunk_tensor + chunk_start
-        # Host sources of the uploads stay alive with this object: a copy captured in a CUDA graph reads them again
-        # at every replay.
+        # Host sources of the uploads stay alive with this object (and with the process when captured): a copy
+        # captured in a CUDA graph reads them again at every replay.
         self._meta_host = _host_tensor(meta, self.device)
         self.meta = self._meta_host.to(self.device, non_blocking=True)
         self.addrs = self.meta[:n]
@@ -342,6 +342,7 @@ class StepTable:
         self.chunk_tensor = self.meta[2 * n : 2 * n + self.num_chunks]
         self.chunk_start = self.meta[2 * n + self.num_chunks :]
         self.scalars = torch.zeros(max(n, 1), 2, dtype=torch.float32, device=self.device)
+        retain_if_capturing(self._meta_host, self.meta, self.scalars)
         self._grad_ptrs: tuple[int, ...] | None = None
         self.lists_dev: torch.Tensor | None = None
         everything = [*self.params, *(x for tensors in self.lists for x in tensors if x.dim() > 0)]
@@ -360,6 +361,7 @@ class StepTable:
             self._host_lists[_GRAD.value] = list(ptrs)
             self._lists_host = _host_tensor(self._host_lists, self.device)
             self.lists_dev = self._lists_host.to(self.device, non_blocking=True)
+            retain_if_capturing(self._lists_host, self.lists_dev)  # a graph may replay them after the next upload
             self._grad_ptrs = ptrs
         return grads
 
