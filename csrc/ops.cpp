@@ -249,24 +249,11 @@ class GradTable {
 
  private:
   // p.grad() without the dispatch through VariableHooks (8 vs 24 ns a parameter, measured on a 2-core Xeon VM).
-  static c10::TensorImpl* grad_impl(const at::Tensor& p) {
+  static const c10::TensorImpl* grad_impl(const at::Tensor& p) {
     auto* meta = static_cast<torch::autograd::AutogradMeta*>(p.unsafeGetTensorImpl()->autograd_meta());
     if (meta == nullptr || !meta->grad_.defined()) return nullptr;
     return meta->grad_.unsafeGetTensorImpl();
   }
-
-  // What a gradient looked like when last seen. The same TensorImpl on the same StorageImpl at the same offset and
-  // numel still has the same data pointer (resize_ changes numel, set_ the StorageImpl) and is checked without
-  // touching the StorageImpl: NOTE 10k parameters, 38 -> 12 ns each. A new TensorImpl (zero_grad(set_to_none=True)
-  // then backward) takes the slow path, which compares the data pointer itself. The weak reference keeps a freed
-  // TensorImpl's memory from being reused for another one (so an equal address is the same object) without keeping
-  // the gradient's storage alive, so the allocator can hand the same memory to the next step's gradient.
-  struct Seen {
-    c10::weak_intrusive_ptr<c10::TensorImpl> impl;
-    const c10::StorageImpl* storage;
-    int64_t offset;
-    bool dense;
-  };
 
   // Where parameter i's gradient sits in the table, or why it is not there.
   static constexpr int64_t kNoGrad = -1, kSparse = -2;
@@ -288,31 +275,28 @@ class GradTable {
     return ok.load();
   }
 
-  bool param_unchanged(int64_t i) {
-    c10::TensorImpl* g = grad_impl(params_[i]);
+  // Compares what the kernels depend on: the data pointer, numel, dtype, device and density. NOTE: no identity
+  // shortcut. One that skipped the data pointer for the same TensorImpl needed a weak reference per gradient (a
+  // freed TensorImpl's address can come back for the next step's gradient), and zero_grad(set_to_none=True), the
+  // default, brings new TensorImpls every step: renewing the references (plus the .grad() dispatch) made that case
+  // 1.9 ms for 10k parameters, 0.55-0.73 ms now; unchanged gradients 0.26 ms before and after (median, 2-core CPU
+  // machine, dev/NOTES.md).
+  bool param_unchanged(int64_t i) const {
+    const c10::TensorImpl* g = grad_impl(params_[i]);
     const int64_t slot = slot_[i];
     if (g == nullptr) return slot == kNoGrad;
     if (g->layout() != at::kStrided) return slot == kSparse;
-    if (slot < 0 || g->numel() != keys_[slot].numel) return false;
-    Seen& seen = seen_[slot];
-    const c10::StorageImpl* storage = g->storage().unsafeGetStorageImpl();
-    const bool same_object =
-        g == seen.impl._unsafe_get_target() && storage == seen.storage && g->storage_offset() == seen.offset;
-    if (!same_object) {  // slow path: a new gradient tensor, maybe on the same memory
-      const at::Tensor& grad = params_[i].grad();
-      if (grad.data_ptr() != keys_[slot].ptr || grad.device() != device_) return false;
-      seen = {c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr()), storage, g->storage_offset(),
-              g->is_non_overlapping_and_dense()};
-    }
-    return c10::typeMetaToScalarType(g->dtype()) == keys_[slot].dtype &&
-           g->is_non_overlapping_and_dense() == seen.dense;
+    if (slot < 0 || !g->has_storage()) return false;
+    const TensorKey& key = keys_[slot];
+    return g->numel() == key.numel && c10::typeMetaToScalarType(g->dtype()) == key.dtype &&
+           g->is_non_overlapping_and_dense() == dense_[slot] && g->device() == device_ && g->data() == key.ptr;
   }
 
   void rebuild() {
     param_index_.clear();
     slot_.assign(params_.size(), kNoGrad);
     keys_.clear();
-    seen_.clear();
+    dense_.clear();
     staged_.clear();
     sparse_.clear();
     std::vector<at::Tensor> kernel_tensors;
@@ -337,8 +321,7 @@ class GradTable {
       }
       kernel_tensors.push_back(dense ? g : staged_.back().second);
       keys_.push_back({g.data_ptr(), g.numel(), dt});
-      seen_.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(g.getIntrusivePtr()), g.storage().unsafeGetStorageImpl(),
-                       g.storage_offset(), dense});
+      dense_.push_back(dense);
       param_index_.push_back(static_cast<int64_t>(i));
     }
     table_ = std::make_unique<TensorTable>(kernel_tensors, device_, param_index_);
@@ -350,9 +333,9 @@ class GradTable {
   std::unique_ptr<TensorTable> table_;
   // No strong reference to any gradient is kept between calls: that would pin last step's memory.
   std::vector<int64_t> param_index_;  // parameters whose gradient is in the table, in table-input order
-  std::vector<int64_t> slot_;         // per parameter: its index in keys_/seen_, kNoGrad or kSparse
+  std::vector<int64_t> slot_;         // per parameter: its index in keys_/dense_, kNoGrad or kSparse
   std::vector<TensorKey> keys_;
-  std::vector<Seen> seen_;
+  std::vector<char> dense_;  // per slot: the gradient was non-overlapping and dense (read in place, not staged)
   std::vector<std::pair<int64_t, at::Tensor>> staged_;  // (parameter index, contiguous copy) for strided views
   std::vector<int64_t> sparse_;
   int64_t rebuilds_ = 0;

@@ -315,3 +315,13 @@ def test_grad_table_is_reused_while_the_gradients_stay_and_rebuilt_when_they_mov
     params[2].grad = None  # a gradient disappears
     unscale()
     assert table.rebuilds == 3
+    params[1].grad.set_(torch.randn(20000))  # the same tensor object on new memory
+    expected = params[1].grad.clone() / 2
+    unscale()
+    assert table.rebuilds == 4 and torch.equal(params[1].grad, expected)
+    params[0].grad = torch.randn(10, 2)[:, 0]  # strided: read through a contiguous copy, written back
+    expected = params[0].grad.clone() / 2
+    unscale()
+    assert table.rebuilds == 5 and torch.equal(params[0].grad, expected)
+    unscale()  # the same strided view again: the table stays, and the copy is refreshed from it
+    assert table.rebuilds == 5 and torch.equal(params[0].grad, expected / 2)
