@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+import ampkernels
 from ampkernels import _backend, ops, reference
 
 BACKENDS = ["native", "triton", "torch"]
@@ -325,3 +326,27 @@ def test_grad_table_is_reused_while_the_gradients_stay_and_rebuilt_when_they_mov
     assert table.rebuilds == 5 and torch.equal(params[0].grad, expected)
     unscale()  # the same strided view again: the table stays, and the copy is refreshed from it
     assert table.rebuilds == 5 and torch.equal(params[0].grad, expected / 2)
+
+
+@pytest.mark.skipif(_backend.native() is None, reason="native extension not built")
+def test_tables_list_every_address_their_kernels_use():
+    """addresses() (what dev/graph_stale_addresses.py checks a captured graph against) names each tensor's memory."""
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (5, 7)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    grads = {p.grad.data_ptr() for p in params}
+    table = _backend.native().GradTable(params, "cpu")
+    assert table.addresses() == []  # built on first use
+    table.refresh()
+    assert {a for role, a in table.addresses() if role == "grad"} == grads
+
+    opt = ampkernels.FusedAdamW(params)
+    opt.step()
+    (bucket,) = opt._plans[0].buckets
+    by_role: dict[str, set[int]] = {}
+    for role, address in bucket.table.addresses():
+        by_role.setdefault(role, set()).add(address)
+    assert by_role["param"] == {p.data_ptr() for p in params}
+    assert by_role["grad"] == grads
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        assert by_role[key] == {opt.state[p][key].data_ptr() for p in params}
