@@ -1134,3 +1134,26 @@ def test_plot_scale_history_writes_png(device, tmp_path):
     path = tmp_path / "scale.png"
     ampkernels.plot_scale_history(scaler, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_step_hands_itself_to_an_optimizer_that_takes_grad_scaler():
+    """The deprecated protocol, as stock: a FutureWarning, then step(grad_scaler=scaler), on every step (the
+    signature check is cached per step function)."""
+
+    class Legacy(torch.optim.SGD):
+        _step_supports_amp_scaling = True
+
+        def step(self, closure=None, grad_scaler=None):
+            self.seen = grad_scaler
+            grad_scaler._check_inf_per_device(self)  # what such an optimizer does itself
+
+    for scaler in (torch.amp.GradScaler("cpu"), FusedGradScaler("cpu")):
+        p = torch.nn.Parameter(torch.randn(4))
+        opt = Legacy([p], lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            scaler.scale(p.sum()).backward()
+            with pytest.warns(FutureWarning, match="stop passing itself"):
+                scaler.step(opt)
+            assert opt.seen is scaler
+            scaler.update()
