@@ -18,8 +18,8 @@ import inspect
 import math
 import warnings
 import weakref
-from collections import defaultdict
-from collections.abc import Callable
+from collections import abc, defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -322,6 +322,34 @@ class FusedGradScaler(GradScaler):
         return (buf[1].sqrt() if norm_type == 2.0 else buf[1]).float()
 
     # ---- GradScaler API ----
+
+    def scale(self, outputs: torch.Tensor | Iterable[torch.Tensor]) -> torch.Tensor | Iterable[torch.Tensor]:
+        """Multiply a tensor, or a (nested) list/tuple/iterable of tensors, by the loss scale, as stock does.
+
+        One difference, a fix: stock copies a GPU scale to a CPU output with ``non_blocking=True``, so the CPU
+        multiply can read the pinned buffer before the copy lands (seen on the H200 as a third of a CPU tensor
+        multiplied by a stale value). Here a GPU-to-CPU copy of the scale is blocking; every other copy stays async.
+        """
+        if not self._enabled:
+            return outputs
+        per_device: dict[torch.device, torch.Tensor] = {}
+
+        def scale_on(device: torch.device) -> torch.Tensor:
+            if self._scale is None:
+                self._lazy_init_scale_growth_tracker(device)
+            if device not in per_device:
+                per_device[device] = _backend.to_kernel_device(self._scale, device)
+            return per_device[device]
+
+        def apply_scale(val):
+            if isinstance(val, torch.Tensor):
+                return val * scale_on(val.device)
+            if isinstance(val, abc.Iterable):
+                scaled = map(apply_scale, val)
+                return type(val)(scaled) if isinstance(val, (list, tuple)) else scaled
+            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+        return apply_scale(outputs)
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
         # Kept for code that calls the stock internal directly: v = g * 1 * inv_scale is exactly g * inv_scale.

@@ -193,8 +193,25 @@ def test_ten_thousand_small_tensors_unscaled_and_last_inf_found():
     assert scaler.get_scale() == scale / 2
 
 
+def test_scale_of_a_cpu_tensor_by_a_cuda_scale_waits_for_the_copy():
+    """Stock copies the scale to the CPU with non_blocking=True and multiplies at once: the multiply can read the
+    pinned buffer before the copy lands (a third of a CPU tensor came out wrong on the H200). Ours must not."""
+    scaler = FusedGradScaler("cuda", init_scale=2.0**10)
+    scaler.scale(torch.ones((), device="cuda"))  # the scale now lives on the GPU
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        busy = torch.randn(4096, 4096, device="cuda")
+        for _ in range(8):
+            busy = busy @ busy  # milliseconds of GPU work queued ahead of the scale's copy
+        x = torch.randn(1 << 20, generator=g)
+        single, (listed,) = scaler.scale(x), scaler.scale([x])
+        assert_bitwise_equal(single, x * 2.0**10, "scale(cpu tensor)")
+        assert_bitwise_equal(listed, x * 2.0**10, "scale([cpu tensor])")
+
+
 def test_one_optimizer_with_parameters_on_cpu_and_cuda_matches_stock():
-    """found_inf per device, the scale copied to each device, as stock's _MultiDeviceReplicator does."""
+    """found_inf per device, the scale copied to each device, as stock's _MultiDeviceReplicator does. The gradients
+    are scaled on the host: stock's scale() of a CPU tensor races with its own non-blocking copy (test above)."""
 
     def run(cls):
         g = torch.Generator().manual_seed(5)
@@ -204,11 +221,12 @@ def test_one_optimizer_with_parameters_on_cpu_and_cuda_matches_stock():
         ]
         opt = torch.optim.SGD(params, lr=0.1)
         scaler = cls("cuda", init_scale=2.0**10, growth_interval=2)
+        scaler.scale(torch.ones((), device="cuda"))  # the scale lives on the GPU
         out = []
         for step in range(6):
-            grads = scaler.scale([(torch.randn(p.shape, generator=g) * 0.1).to(p.device) for p in params])
-            for p, gr in zip(params, grads, strict=True):
-                p.grad = gr
+            scale = scaler.get_scale()
+            for p in params:
+                p.grad = (torch.randn(p.shape, generator=g) * 0.1 * scale).to(p.device)
             if step == 2:
                 params[1].grad[-1] = INF  # on the CPU only
             if step == 4:
