@@ -1,9 +1,12 @@
 // The fused optimizer steps: the torch.library ops (a functional form taking every list) and OptimizerTable, the
 // per-(param group, device, dtype) launch table the FusedAdam/FusedAdamW/FusedSGD classes keep, so that a step's
 // host work is one C++ pass over the parameters (no Python loop, no list conversion through the dispatcher).
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/extension.h>
 
+#include <atomic>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -119,31 +122,47 @@ class OptimizerTable {
   // gradient changed dtype or layout type: the caller must rebuild the table. Re-uploads the gradient addresses
   // when any gradient moved.
   // `grads`: the gradients to use instead of the parameters' .grad (the functional ops), or null.
+  // The check reads each parameter on its own (dependent cache misses: parameter, autograd meta, gradient), so it
+  // is spread over the intra-op pool as GradTable's is; only the gradients that moved are then updated, serially.
   bool refresh(const std::vector<at::Tensor>* grads = nullptr) {
     for (const auto& w : watch_)
       if (grad_of(w) != nullptr) return false;
     const int64_t n = static_cast<int64_t>(params_.size());
-    bool moved = !lists_.defined();
-    for (int64_t i = 0; i < n; ++i) {
-      const at::Tensor& p = params_[i];
-      if (p.data_ptr() != param_ptrs_[i]) return false;
-      const at::Tensor* g = grads != nullptr ? &(*grads)[i] : grad_of(p);
-      if (g == nullptr || g->layout() != at::kStrided || g->scalar_type() != grad_dtype_ || g->device() != device_)
-        return false;
-      const void* ptr = g->data_ptr();
-      if (ptr == grad_ptrs_[i]) continue;
-      // A gradient laid out unlike its parameter is read through a copy in the parameter's layout.
-      const bool same_layout = g->strides() == p.strides();
-      if (!same_layout && !staged_[i].defined()) {
-        staged_[i] = at::empty_like(p, p.options().dtype(grad_dtype_));
-        retain_if_capturing(device_, {&staged_[i]});
+    std::atomic<bool> stale{false}, any_moved{false};
+    moved_.assign(n, 0);
+    at::parallel_for(0, n, kParamCheckGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const at::Tensor& p = params_[i];
+        const at::Tensor* g = grads != nullptr ? &(*grads)[i] : grad_of(p);
+        if (p.data_ptr() != param_ptrs_[i] || g == nullptr || g->layout() != at::kStrided ||
+            g->scalar_type() != grad_dtype_ || g->device() != device_) {
+          stale.store(true, std::memory_order_relaxed);
+          return;
+        }
+        if (g->data_ptr() != grad_ptrs_[i]) {
+          moved_[i] = 1;
+          any_moved.store(true, std::memory_order_relaxed);
+        }
       }
-      if (same_layout) staged_[i] = at::Tensor();
-      grad_ptrs_[i] = ptr;
-      host_lists_[kGradList * n + i] = reinterpret_cast<int64_t>(same_layout ? ptr : staged_[i].data_ptr());
-      moved = true;
+    });
+    if (stale.load()) return false;
+    if (any_moved.load()) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (!moved_[i]) continue;
+        const at::Tensor& p = params_[i];
+        const at::Tensor& g = grads != nullptr ? (*grads)[i] : *grad_of(p);
+        // A gradient laid out unlike its parameter is read through a copy in the parameter's layout.
+        const bool same_layout = g.strides() == p.strides();
+        if (!same_layout && !staged_[i].defined()) {
+          staged_[i] = at::empty_like(p, p.options().dtype(grad_dtype_));
+          retain_if_capturing(device_, {&staged_[i]});
+        }
+        if (same_layout) staged_[i] = at::Tensor();
+        grad_ptrs_[i] = g.data_ptr();
+        host_lists_[kGradList * n + i] = reinterpret_cast<int64_t>(same_layout ? grad_ptrs_[i] : staged_[i].data_ptr());
+      }
     }
-    if (moved) upload();
+    if (any_moved.load() || !lists_.defined()) upload();
     current_grads_ = grads;
     return true;
   }
@@ -253,6 +272,7 @@ class OptimizerTable {
   std::vector<const void*> param_ptrs_, grad_ptrs_;
   std::vector<int64_t> host_lists_;
   std::vector<at::Tensor> staged_;  // per parameter: a copy of its gradient in its layout, when they differ
+  std::vector<uint8_t> moved_;      // per parameter, during refresh(): its gradient moved since the last upload
   at::Tensor lists_, lists_host_, scalars_;
   const std::vector<at::Tensor>* current_grads_ = nullptr;  // the explicit gradients of the step in progress
   int64_t uploads_ = 0;

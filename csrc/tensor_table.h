@@ -25,6 +25,10 @@ void retain_if_capturing(at::Device device, std::initializer_list<const at::Tens
 // blocks); per-chunk overhead is one block reduction, ~1% of a chunk's memory time.
 constexpr int64_t kChunkSize = 16384;
 
+// Parameters per intra-op task when a table re-checks its parameters' gradients each step (GradTable,
+// OptimizerTable). NOTE: 10k parameters on the H200 machine's host: serial 426 us, 2048 per task 231 us.
+constexpr int64_t kParamCheckGrain = 512;
+
 struct TableGroup {
   at::ScalarType dtype;
   int64_t t_begin, t_end;  // tensors of this dtype, in table order
