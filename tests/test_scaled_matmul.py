@@ -183,8 +183,10 @@ def test_strided_and_misaligned_operands(device):
     [
         dict(block_m=32, block_n=64, block_k=32, epilogue_split=2),
         dict(block_m=32, block_n=32, block_k=16, flatten=True),
+        dict(block_m=32, block_n=32, block_k=16, stream_k=True),
+        dict(block_m=32, block_n=64, block_k=16, epilogue_split=2, stream_k=True),
     ],
-    ids=["split-epilogue", "flatten"],
+    ids=["split-epilogue", "flatten", "stream-k", "stream-k-split-epilogue"],
 )
 @pytest.mark.parametrize("force", [None, "pointer"])
 def test_triton_kernel_variants(device, config, force):
@@ -193,8 +195,8 @@ def test_triton_kernel_variants(device, config, force):
     _need_triton(device)
     from ampkernels.triton import scaled_matmul as triton_sm
 
-    if force is None and config.get("epilogue_split", 1) > 1 and device == "cuda":
-        pytest.skip("tiny split-store config is for the interpreter; GPUs tune their own")
+    if force is None and (config.get("epilogue_split", 1) > 1 or config.get("stream_k")) and device == "cuda":
+        pytest.skip("tiny split-store and stream-K configs are for the interpreter; GPUs tune their own")
     torch.manual_seed(5)
     cfg = triton_sm.Config(num_stages=2, num_warps=4, group_m=2, **config)
     a, b = _operand(70, 64, torch.float16, device, False), _operand(64, 96, torch.float16, device, True)
@@ -206,6 +208,34 @@ def test_triton_kernel_variants(device, config, force):
     triton_sm.scaled_mm_(a, b, scale, 2, 0.5, bias, out, True, flag, config=cfg, force=force)
     expected = _ref64(a, b, scale[:, None] * 0.5, bias, old)
     assert _rel_err(out, expected) < 1e-5
+    assert flag.item() == 0.0
+
+
+@pytest.mark.parametrize(
+    "M, N, K",
+    [(40, 24, 80), (70, 96, 64), (33, 24, 200)],
+    ids=["all-tiles-shared", "one-tile-shared-then-whole", "one-tile-many-programs"],
+)
+def test_stream_k_hands_partial_tiles_between_programs(M, N, K):
+    """Stream-K under the interpreter (4 programs, 32x32x16 tiles): a tile's k-iterations cut across programs, the
+    last one adding the others' partial sums, with every epilogue input (row scale, bias, accumulate, flag).
+    40x24x80: 2 tiles of 5 k-steps over 4 programs (3+2+... ranges end inside tiles); 70x96x64: 9 tiles, the
+    9th % 4 shared, the rest whole; 33x24x200: 2 tiles of 13 k-steps (shapes TMA can take: 16-byte row strides)."""
+    _need_triton("cpu")
+    from ampkernels.triton import scaled_matmul as triton_sm
+
+    if not triton_sm.interpreting():
+        pytest.skip("the interpreter's program count is fixed at 4; GPUs run stream-K in test_every_candidate_config")
+    torch.manual_seed(M + N + K)
+    cfg = triton_sm.Config(32, 32, 16, 2, 4, group_m=2, stream_k=True)
+    a, b = _operand(M, K, torch.float16, "cpu", False), _operand(K, N, torch.float16, "cpu", False)
+    scale, bias = torch.rand(M) + 0.5, torch.randn(N)
+    old = torch.randn(M, N)
+    out = old.clone()
+    flag = torch.zeros(1)
+    assert triton_sm.plan_for(a, b, out).kind == "tma", "stream-K lives in the TMA kernel"
+    triton_sm.scaled_mm_(a, b, scale, 2, 1.5, bias, out, True, flag, config=cfg)
+    assert _rel_err(out, _ref64(a, b, scale[:, None] * 1.5, bias, old)) < 1e-5
     assert flag.item() == 0.0
 
 
@@ -687,7 +717,7 @@ def test_direct_launch_reuses_the_jit_arguments(monkeypatch, fresh_caches, compi
     first, later = log[0][2], log[2][2]
     assert len(first) == len(later)  # the same positional layout; only alpha and the tensors differ
     (launcher,) = triton_sm._LAUNCHERS.values()
-    alpha_at = 6 if launcher.kind == "pointer" else 7  # after the pointers (and the three descriptor slots)
+    alpha_at = 6 if launcher.kind == "pointer" else 9  # after the pointers (TMA: descriptors, stream-K buffers)
     assert first[alpha_at] == 1.0
     assert later[alpha_at] == 3.0
     plain = (int, float, type(None))  # the constants (tensors and host descriptors change per call)
@@ -716,7 +746,12 @@ def test_every_candidate_config_on_gpu(dtype):
     a, b = _operand(M, K, dtype, "cuda", True), _operand(K, N, dtype, "cuda", True)
     scale, bias = torch.rand(N, device="cuda") + 0.5, torch.randn(N, device="cuda")
     expected = _ref64(a, b, scale, bias)
-    configs = triton_sm.HOPPER_TMA_CONFIGS + triton_sm.HOPPER_FEW_TILES_CONFIGS + triton_sm.POINTER_CONFIGS
+    configs = (
+        triton_sm.HOPPER_TMA_CONFIGS
+        + triton_sm.HOPPER_FEW_TILES_CONFIGS
+        + triton_sm.HOPPER_STREAM_K_CONFIGS
+        + triton_sm.POINTER_CONFIGS
+    )
     for cfg in configs:
         for force in (None, "pointer"):
             out = torch.full((M, N), float("nan"), device="cuda")
@@ -724,3 +759,31 @@ def test_every_candidate_config_on_gpu(dtype):
             triton_sm.scaled_mm_(a, b, scale, 3, 1.0, bias, out, False, flag, config=cfg, force=force)
             assert _rel_err(out, expected) < 1e-5, cfg.describe()
             assert flag.item() == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(300, 520, 264), (2200, 2100, 520)], ids=["all-shared", "shared-and-whole"])
+def test_stream_k_on_gpu_is_correct_and_deterministic(M, N, K):
+    """Stream-K configs with fewer tiles than SMs (every tile cut across programs) and with a partial last wave
+    (its tiles shared, the rest whole): accumulate, column scale, bias; the same bits on a second run; an overflow
+    sets found_inf."""
+    triton_sm = _triton_module()
+    if triton_sm is None or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs triton on a GPU with TMA (sm_90+)")
+    torch.manual_seed(M)
+    a, b = _operand(M, K, torch.bfloat16, "cuda", False), _operand(K, N, torch.bfloat16, "cuda", True)
+    scale, bias = torch.rand(N, device="cuda") + 0.5, torch.randn(N, device="cuda")
+    old = torch.randn(M, N, device="cuda")
+    expected = _ref64(a, b, scale, bias, old)
+    for cfg in triton_sm.HOPPER_STREAM_K_CONFIGS:
+        runs = []
+        for _ in range(2):
+            out, flag = old.clone(), torch.zeros(1, device="cuda")
+            triton_sm.scaled_mm_(a, b, scale, 3, 1.0, bias, out, True, flag, config=cfg)
+            assert _rel_err(out, expected) < 1e-5, cfg.describe()
+            assert flag.item() == 0.0, cfg.describe()
+            runs.append(out)
+        assert torch.equal(runs[0], runs[1]), f"{cfg.describe()}: two runs differ"
+        out, flag = torch.empty(M, N, device="cuda", dtype=torch.float16), torch.zeros(1, device="cuda")
+        triton_sm.scaled_mm_(a, b, torch.full((N,), 6e4, device="cuda"), 3, 1.0, None, out, False, flag, config=cfg)
+        assert flag.item() == 1.0, f"{cfg.describe()}: overflow to fp16 not flagged"

@@ -140,6 +140,64 @@ def _epilogue_tma(
 
 
 @triton.jit
+def _tile_product(
+    a_desc, b_desc, off_m, off_n, k_begin, k_end,
+    A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """fp32 sum over k-tiles [k_begin, k_end) of one output tile's products, through TMA descriptors."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(k_begin, k_end):
+        off_k = ki * BLOCK_K
+        if A_COL_MAJOR:
+            a = a_desc.load([off_k, off_m]).T
+        else:
+            a = a_desc.load([off_m, off_k])
+        if B_COL_MAJOR:
+            b = b_desc.load([off_n, off_k]).T
+        else:
+            b = b_desc.load([off_k, off_n])
+        if UPCAST:  # the interpreter's bf16 dot is wrong; fp32 products of 16-bit inputs are exact
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _store_tile(
+    acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om, found_inf_ptr,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CHECK_FINITE: tl.constexpr, OUT_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+):  # fmt: skip
+    """The epilogue of one finished tile, in one piece or in two halves along N."""
+    if EPILOGUE_SPLIT == 2:
+        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        acc_left, acc_right = tl.split(halves)
+        _epilogue_tma(
+            acc_left, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
+            stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+        )  # fmt: skip
+        _epilogue_tma(
+            acc_right, off_m, off_n + BLOCK_N // 2, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc,
+            out_ptr, stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+        )  # fmt: skip
+    else:
+        _epilogue_tma(
+            acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
+            found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
+
+
+@triton.jit
+def _program_of_iteration(x, per, extra):
+    """The program whose stream-K range holds iteration ``x``: the first ``extra`` programs take ``per + 1``
+    iterations, the others ``per``."""
+    big = extra * (per + 1)
+    return tl.where(x < big, x // (per + 1), extra + (x - big) // tl.maximum(per, 1))
+
+
+@triton.jit
 def _scaled_mm_tma_kernel(
     a_desc,
     b_desc,
@@ -148,11 +206,14 @@ def _scaled_mm_tma_kernel(
     scale_ptr,
     bias_ptr,
     found_inf_ptr,
+    partials_ptr,
+    flags_ptr,
     alpha,
     M,
     N,
     K,
     scale_mode,
+    stream_k_tiles,
     stride_a,
     stride_b,
     stride_om,
@@ -171,13 +232,22 @@ def _scaled_mm_tma_kernel(
     NUM_PROGRAMS: tl.constexpr,
     FLATTEN: tl.constexpr,
     DEVICE_DESC: tl.constexpr,
+    STREAM_K: tl.constexpr,
 ):
     """Persistent TMA matmul. Descriptors: a [M, K] (A_COL_MAJOR: [K, M] storage), b [K, N] (B_COL_MAJOR: [N, K]
     storage), out [M, N] with block [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT]. OOB tiles read as zeros (K tail too).
 
     DEVICE_DESC: ``a_desc``/``b_desc`` are the operands' pointers (``out_desc`` is unused) and the descriptors are
     built here from them and ``stride_a``/``stride_b``/``stride_om`` (leading strides of the storage), in the
-    global scratch that ``triton.set_allocator`` provides; otherwise all three are host ``TensorDescriptor``s."""
+    global scratch that ``triton.set_allocator`` provides; otherwise all three are host ``TensorDescriptor``s.
+
+    STREAM_K: the k-iterations of the first ``stream_k_tiles`` tiles are cut into NUM_PROGRAMS equal ranges, one
+    per program, then the other tiles go round-robin whole (a tile count that is not a multiple of the SM count
+    otherwise leaves SMs idle in the last wave: 3072x768 has 72 tiles of 128x256 for 132 SMs). The program that
+    reaches a tile's last k-iteration finishes it: it waits for the earlier programs' fp32 partial tiles
+    (``partials_ptr`` [NUM_PROGRAMS, BLOCK_M, BLOCK_N], ``flags_ptr`` [NUM_PROGRAMS] int32 zeros), adds them in
+    program order (the same sum on every run) and runs the epilogue. Programs only wait for lower-numbered ones,
+    which run first under the interpreter and are resident first on the GPU, so the waits cannot form a cycle."""
     if DEVICE_DESC:
         if A_COL_MAJOR:
             a_desc = tl.make_tensor_descriptor(a_desc, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
@@ -193,40 +263,61 @@ def _scaled_mm_tma_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
-    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            off_k = ki * BLOCK_K
-            if A_COL_MAJOR:
-                a = a_desc.load([off_k, off_m]).T
-            else:
-                a = a_desc.load([off_m, off_k])
-            if B_COL_MAJOR:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            if UPCAST:  # the interpreter's bf16 dot is wrong; fp32 products of 16-bit inputs are exact
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
-        if EPILOGUE_SPLIT == 2:
-            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            acc_left, acc_right = tl.split(halves)
-            _epilogue_tma(
-                acc_left, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
-                stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+    if STREAM_K:
+        pid = tl.program_id(0)
+        total = stream_k_tiles * k_tiles
+        per = total // NUM_PROGRAMS
+        extra = total % NUM_PROGRAMS
+        it = pid * per + tl.minimum(pid, extra)
+        end = it + per + (pid < extra).to(tl.int32)
+        next_tile = stream_k_tiles + pid  # after the stream-K range: whole tiles, round-robin
+        tile_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        while (it < end) | (next_tile < num_tiles):
+            if it >= end:
+                it = next_tile * k_tiles
+                end = it + k_tiles
+                next_tile += NUM_PROGRAMS
+            tile_id = it // k_tiles
+            tile_begin = tile_id * k_tiles
+            stop = tl.minimum(end, tile_begin + k_tiles)
+            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc = _tile_product(
+                a_desc, b_desc, off_m, off_n, it - tile_begin, stop - tile_begin,
+                A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
-            _epilogue_tma(
-                acc_right, off_m, off_n + BLOCK_N // 2, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc,
-                out_ptr, stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+            if stop == tile_begin + k_tiles:
+                if it != tile_begin:  # lower-numbered programs hold this tile's first k-iterations
+                    tile_sum = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for q in range(_program_of_iteration(tile_begin, per, extra), pid):
+                        while tl.atomic_cas(flags_ptr + q, 1, 1, sem="acquire") != 1:
+                            pass
+                        partial = partials_ptr + q * (BLOCK_M * BLOCK_N) + tile_offsets  # < 2^31: [programs, tile]
+                        tile_sum += tl.load(partial, cache_modifier=".cg")
+                    acc = tile_sum + acc
+                _store_tile(
+                    acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
+                    found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
+                )  # fmt: skip
+            else:  # this range ends inside the tile: hand the partial sum to the program that finishes it
+                mine = partials_ptr + pid * (BLOCK_M * BLOCK_N) + tile_offsets
+                tl.store(mine, acc, cache_modifier=".cg")
+                tl.debug_barrier()  # every thread's part is written before the flag is raised
+                tl.atomic_xchg(flags_ptr + pid, 1, sem="release")
+            it = stop
+    else:
+        for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
+            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc = _tile_product(
+                a_desc, b_desc, off_m, off_n, 0, k_tiles,
+                A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
-        else:
-            _epilogue_tma(
+            _store_tile(
                 acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
-                found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N,
+                found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
             )  # fmt: skip
 
 
@@ -311,10 +402,12 @@ class Config:
     epilogue_split: int = 1  # TMA kernel: store the tile in this many pieces along N
     flatten: bool = False  # TMA kernel: tl.range(flatten=True) lets the next tile's loads overlap this epilogue
     programs_per_sm: int = 1
+    stream_k: bool = False  # TMA kernel: the last partial wave's tiles shared out by k-iterations (see the kernel)
 
     def describe(self) -> str:
         extra = f" split{self.epilogue_split}" if self.epilogue_split > 1 else ""
         extra += " flat" if self.flatten else ""
+        extra += " streamk" if self.stream_k else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} s{self.num_stages} w{self.num_warps} g{self.group_m}"
             f"{extra} x{self.programs_per_sm}/SM"
@@ -336,6 +429,12 @@ HOPPER_TMA_CONFIGS = (
 HOPPER_FEW_TILES_CONFIGS = (
     Config(64, 128, 64, 4, 4, programs_per_sm=2),
     Config(64, 256, 64, 3, 4),
+)
+# Tile counts that leave the last wave partly idle (8192x768: 192 tiles of 128x256 on 132 SMs; 3072x768: 72):
+# the same tiles with that wave shared out by k-iterations are tuned besides.
+HOPPER_STREAM_K_CONFIGS = (
+    Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True),
+    Config(128, 128, 64, 4, 8, stream_k=True),
 )
 HOPPER_SMALL = Config(128, 128, 64, 4, 4)
 # Ampere (and sm_90 fallbacks through pointers): 164 KB of shared memory, cp.async pipelines of 3-4 stages.
@@ -481,14 +580,22 @@ class _Launcher:
     alpha change. Arguments are passed positionally in the kernel's order, so the JIT launch and the direct launch
     of the compiled kernel receive the same tuple."""
 
-    __slots__ = ("kind", "kernel", "grid", "options", "tail", "dummy", "device_desc", "descs", "runner", "direct")
+    __slots__ = (
+        "kind", "kernel", "grid", "options", "tail", "dummy", "device_desc", "descs", "runner", "direct",
+        "stream_k_tiles", "partials_numel",
+    )  # fmt: skip
 
     def __init__(self, p: Problem, plan: Plan, cfg: Config, direct: bool) -> None:
         M, K = p.a.shape
         N = p.b.shape[1]
         out = p.out
         num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-        programs = max(1, min(num_tiles, _num_programs(out.device) * cfg.programs_per_sm))
+        slots = _num_programs(out.device) * cfg.programs_per_sm
+        stream_k = cfg.stream_k and plan.kind == "tma"
+        # Stream-K keeps every program busy even with fewer tiles than programs; it takes the tiles of the last,
+        # partial wave (all of them when there is only one).
+        programs = slots if stream_k else max(1, min(num_tiles, slots))
+        self.stream_k_tiles = (num_tiles % slots if num_tiles > slots else num_tiles) if stream_k else 0
         self.kind = plan.kind
         self.grid = (programs,)
         self.options = {"num_stages": cfg.num_stages, "num_warps": cfg.num_warps}
@@ -515,11 +622,12 @@ class _Launcher:
                     else ([K, N], [stride_b, 1], [cfg.block_k, cfg.block_n]),
                     ([M, N], [out.stride(0), 1], block_out) if plan.out_tma else None,
                 )
+            self.partials_numel = programs * cfg.block_m * cfg.block_n if self.stream_k_tiles else 0
             self.tail = (
-                M, N, K, p.scale_mode, stride_a, stride_b, out.stride(0),
+                M, N, K, p.scale_mode, self.stream_k_tiles, stride_a, stride_b, out.stride(0),
                 a_col, b_col, *epilogue, plan.out_tma, interpreting(),
                 cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.epilogue_split, programs, cfg.flatten,
-                self.device_desc,
+                self.device_desc, bool(self.stream_k_tiles),
             )  # fmt: skip
         else:
             self.kernel = _scaled_mm_ptr_kernel
@@ -535,13 +643,17 @@ class _Launcher:
         found_inf = dummy if found_inf is None else found_inf
         if self.kind != "tma":
             return (a, b, out, scale, bias, found_inf, alpha) + self.tail
+        if self.partials_numel:  # per call: launches on other streams must not share them
+            partials = torch.empty(self.partials_numel, dtype=torch.float32, device=out.device)
+            flags = torch.zeros(self.grid[0], dtype=torch.int32, device=out.device)
+        else:
+            partials = flags = dummy
         if self.device_desc:
-            return (a, b, None, out, scale, bias, found_inf, alpha) + self.tail
+            return (a, b, None, out, scale, bias, found_inf, partials, flags, alpha) + self.tail
         da, db, do = self.descs
         out_desc = None if do is None else TensorDescriptor(out, *do)
-        return (TensorDescriptor(a, *da), TensorDescriptor(b, *db), out_desc, out, scale, bias, found_inf, alpha) + (
-            self.tail
-        )
+        descs = (TensorDescriptor(a, *da), TensorDescriptor(b, *db), out_desc)
+        return descs + (out, scale, bias, found_inf, partials, flags, alpha) + self.tail
 
     def __call__(self, a, b, scale, alpha, bias, out, found_inf) -> None:
         args = self.args(a, b, scale, alpha, bias, out, found_inf)
@@ -587,8 +699,13 @@ def _launch(p: Problem, plan: Plan, cfg: Config) -> None:
 def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0) -> tuple[Config, ...]:
     if plan.kind == "tma":
         configs = HOPPER_TMA_CONFIGS
-        if out.device.type == "cuda" and triton.cdiv(M, 128) * triton.cdiv(N, 256) < _num_programs(out.device):
+        sms = _num_programs(out.device)
+        if out.device.type == "cuda" and triton.cdiv(M, 128) * triton.cdiv(N, 256) < sms:
             configs += HOPPER_FEW_TILES_CONFIGS
+        if out.device.type == "cuda" and any(
+            triton.cdiv(M, c.block_m) * triton.cdiv(N, c.block_n) % sms for c in HOPPER_STREAM_K_CONFIGS
+        ):
+            configs += HOPPER_STREAM_K_CONFIGS
         if out.element_size() == 4 or not plan.out_tma:  # no room (or no use) for the split store's 4th stage
             configs = tuple(c for c in configs if c.num_stages < 4 or c.block_n < 256)
         return configs
