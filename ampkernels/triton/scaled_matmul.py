@@ -246,8 +246,9 @@ def _scaled_mm_tma_kernel(
     otherwise leaves SMs idle in the last wave: 3072x768 has 72 tiles of 128x256 for 132 SMs). The program that
     reaches a tile's last k-iteration finishes it: it waits for the earlier programs' fp32 partial tiles
     (``partials_ptr`` [NUM_PROGRAMS, BLOCK_M, BLOCK_N], ``flags_ptr`` [NUM_PROGRAMS] int32 zeros), adds them in
-    program order (the same sum on every run) and runs the epilogue. Programs only wait for lower-numbered ones,
-    which run first under the interpreter and are resident first on the GPU, so the waits cannot form a cycle."""
+    program order (the same sum on every run) and runs the epilogue. A program publishes its partial before it
+    waits for any, and waits only for lower-numbered programs (run first under the interpreter, resident first on
+    the GPU), so the waits cannot form a cycle."""
     if DEVICE_DESC:
         if A_COL_MAJOR:
             a_desc = tl.make_tensor_descriptor(a_desc, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
@@ -263,32 +264,34 @@ def _scaled_mm_tma_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
+    first_whole_tile = 0
     if STREAM_K:
         pid = tl.program_id(0)
         total = stream_k_tiles * k_tiles
         per = total // NUM_PROGRAMS
         extra = total % NUM_PROGRAMS
-        it = pid * per + tl.minimum(pid, extra)
-        end = it + per + (pid < extra).to(tl.int32)
-        next_tile = stream_k_tiles + pid  # after the stream-K range: whole tiles, round-robin
+        start = pid * per + tl.minimum(pid, extra)
+        end = start + per + (pid < extra).to(tl.int32)
+        # Segments (one per tile the range touches) in reverse: first the start of a tile that a later program
+        # finishes (its partial published at once), last the end of a tile that earlier programs started, whose
+        # partials they published first. In k order, each program waited for the whole range of the one before.
+        last_tile = (end - 1) // k_tiles
+        num_segments = tl.where(end > start, last_tile - start // k_tiles + 1, 0)
         tile_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        while (it < end) | (next_tile < num_tiles):
-            if it >= end:
-                it = next_tile * k_tiles
-                end = it + k_tiles
-                next_tile += NUM_PROGRAMS
-            tile_id = it // k_tiles
+        for segment in range(num_segments):
+            tile_id = last_tile - segment
             tile_begin = tile_id * k_tiles
-            stop = tl.minimum(end, tile_begin + k_tiles)
+            lo = tl.maximum(start, tile_begin)
+            hi = tl.minimum(end, tile_begin + k_tiles)
             pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
             acc = _tile_product(
-                a_desc, b_desc, off_m, off_n, it - tile_begin, stop - tile_begin,
+                a_desc, b_desc, off_m, off_n, lo - tile_begin, hi - tile_begin,
                 A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
-            if stop == tile_begin + k_tiles:
-                if it != tile_begin:  # lower-numbered programs hold this tile's first k-iterations
+            if hi == tile_begin + k_tiles:
+                if lo != tile_begin:  # lower-numbered programs hold this tile's first k-iterations
                     tile_sum = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                     for q in range(_program_of_iteration(tile_begin, per, extra), pid):
                         while tl.atomic_cas(flags_ptr + q, 1, 1, sem="acquire") != 1:
@@ -300,25 +303,23 @@ def _scaled_mm_tma_kernel(
                     acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
                     found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
                 )  # fmt: skip
-            else:  # this range ends inside the tile: hand the partial sum to the program that finishes it
+            else:  # the range ends inside this tile: hand the partial sum to the program that finishes it
                 mine = partials_ptr + pid * (BLOCK_M * BLOCK_N) + tile_offsets
                 tl.store(mine, acc, cache_modifier=".cg")
                 tl.debug_barrier()  # every thread's part is written before the flag is raised
                 tl.atomic_xchg(flags_ptr + pid, 1, sem="release")
-            it = stop
-    else:
-        for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
-            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N
-            acc = _tile_product(
-                a_desc, b_desc, off_m, off_n, 0, k_tiles,
-                A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
-            _store_tile(
-                acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
-                found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
-            )  # fmt: skip
+        first_whole_tile = stream_k_tiles
+    for tile_id in tl.range(first_whole_tile + tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = _tile_product(
+            a_desc, b_desc, off_m, off_n, 0, k_tiles, A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        _store_tile(
+            acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
+            found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
+        )  # fmt: skip
 
 
 @triton.jit
