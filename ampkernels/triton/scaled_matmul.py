@@ -198,6 +198,17 @@ def _program_of_iteration(x, per, extra):
 
 
 @triton.jit
+def _add_partials(acc, partials_ptr, flags_ptr, first, pid, offsets, TILE: tl.constexpr):
+    """``acc`` plus the partial sums of programs ``first .. pid - 1`` (in that order: the same bits on every run),
+    each read once its program has raised its flag. ``offsets``: this part of a [BLOCK_M, BLOCK_N] tile."""
+    for q in range(first, pid):
+        while tl.atomic_cas(flags_ptr + q, 1, 1, sem="acquire") != 1:
+            pass
+        acc += tl.load(partials_ptr + q * TILE + offsets, cache_modifier=".cg")  # < 2^31: [programs, tile]
+    return acc
+
+
+@triton.jit
 def _scaled_mm_tma_kernel(
     a_desc,
     b_desc,
@@ -291,18 +302,32 @@ def _scaled_mm_tma_kernel(
                 A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
             if hi == tile_begin + k_tiles:
-                if lo != tile_begin:  # lower-numbered programs hold this tile's first k-iterations
-                    tile_sum = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for q in range(_program_of_iteration(tile_begin, per, extra), pid):
-                        while tl.atomic_cas(flags_ptr + q, 1, 1, sem="acquire") != 1:
-                            pass
-                        partial = partials_ptr + q * (BLOCK_M * BLOCK_N) + tile_offsets  # < 2^31: [programs, tile]
-                        tile_sum += tl.load(partial, cache_modifier=".cg")
-                    acc = tile_sum + acc
-                _store_tile(
-                    acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
-                    found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
-                )  # fmt: skip
+                first = _program_of_iteration(tile_begin, per, extra)  # == pid when this program holds it all
+                if EPILOGUE_SPLIT == 2:  # half a tile at a time: a whole fp32 partial beside acc would spill
+                    halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                    acc_left, acc_right = tl.split(halves)
+                    half_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N // 2)[None, :]
+                    acc_left = _add_partials(
+                        acc_left, partials_ptr, flags_ptr, first, pid, half_offsets, BLOCK_M * BLOCK_N
+                    )
+                    acc_right = _add_partials(
+                        acc_right, partials_ptr + BLOCK_N // 2, flags_ptr, first, pid, half_offsets, BLOCK_M * BLOCK_N
+                    )
+                    _epilogue_tma(
+                        acc_left, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
+                        stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+                    )  # fmt: skip
+                    _epilogue_tma(
+                        acc_right, off_m, off_n + BLOCK_N // 2, M, N, alpha, scale_ptr, scale_mode, bias_ptr,
+                        out_desc, out_ptr, stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA,
+                        BLOCK_M, BLOCK_N // 2,
+                    )  # fmt: skip
+                else:
+                    acc = _add_partials(acc, partials_ptr, flags_ptr, first, pid, tile_offsets, BLOCK_M * BLOCK_N)
+                    _store_tile(
+                        acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
+                        stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, 1,
+                    )  # fmt: skip
             else:  # the range ends inside this tile: hand the partial sum to the program that finishes it
                 mine = partials_ptr + pid * (BLOCK_M * BLOCK_N) + tile_offsets
                 tl.store(mine, acc, cache_modifier=".cg")
@@ -431,8 +456,9 @@ HOPPER_FEW_TILES_CONFIGS = (
     Config(64, 128, 64, 4, 4, programs_per_sm=2),
     Config(64, 256, 64, 3, 4),
 )
-# Tile counts that leave the last wave partly idle (8192x768: 192 tiles of 128x256 on 132 SMs; 3072x768: 72):
-# the same tiles with that wave shared out by k-iterations are tuned besides.
+# Tile counts that leave the last of a few waves partly idle (8192x768: 192 tiles of 128x256 on 132 SMs; 3072x768:
+# 72): the same tiles with that wave shared out by k-iterations are tuned besides. NOTE: H200, bf16, 128x256:
+# 3072x768x8192 0.0753 ms against 0.0871 plain; 8192x768x3072 0.0781 against 0.0765 (dev/streamk_probe.py).
 HOPPER_STREAM_K_CONFIGS = (
     Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True),
     Config(128, 128, 64, 4, 8, stream_k=True),
@@ -703,9 +729,8 @@ def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0) -> tuple[
         sms = _num_programs(out.device)
         if out.device.type == "cuda" and triton.cdiv(M, 128) * triton.cdiv(N, 256) < sms:
             configs += HOPPER_FEW_TILES_CONFIGS
-        if out.device.type == "cuda" and any(
-            triton.cdiv(M, c.block_m) * triton.cdiv(N, c.block_n) % sms for c in HOPPER_STREAM_K_CONFIGS
-        ):
+        tiles = triton.cdiv(M, 128) * triton.cdiv(N, 256)
+        if out.device.type == "cuda" and tiles % sms and tiles < 4 * sms:  # an idle tail worth sharing out
             configs += HOPPER_STREAM_K_CONFIGS
         if out.element_size() == 4 or not plan.out_tma:  # no room (or no use) for the split store's 4th stage
             configs = tuple(c for c in configs if c.num_stages < 4 or c.block_n < 256)
