@@ -18,7 +18,7 @@ import inspect
 import math
 import warnings
 import weakref
-from collections import abc, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -327,8 +327,9 @@ class FusedGradScaler(GradScaler):
         """Multiply a tensor, or a (nested) list/tuple/iterable of tensors, by the loss scale, as stock does.
 
         One difference, a fix: stock copies a GPU scale to a CPU output with ``non_blocking=True``, so the CPU
-        multiply can read the pinned buffer before the copy lands (seen on the H200 as a third of a CPU tensor
-        multiplied by a stale value). Here a GPU-to-CPU copy of the scale is blocking; every other copy stays async.
+        multiply can read the pinned buffer before the copy lands (its ``unscale_`` does the same, and on the H200,
+        with GPU work queued, left CPU gradients wrong). Here a GPU-to-CPU copy of the scale is blocking; every
+        other copy stays asynchronous.
         """
         if not self._enabled:
             return outputs
@@ -344,7 +345,7 @@ class FusedGradScaler(GradScaler):
         def apply_scale(val):
             if isinstance(val, torch.Tensor):
                 return val * scale_on(val.device)
-            if isinstance(val, abc.Iterable):
+            if isinstance(val, Iterable):
                 scaled = map(apply_scale, val)
                 return type(val)(scaled) if isinstance(val, (list, tuple)) else scaled
             raise ValueError("outputs must be a Tensor or an iterable of Tensors")

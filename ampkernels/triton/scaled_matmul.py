@@ -623,6 +623,7 @@ class _Launcher:
         # partial wave (all of them when there is only one).
         programs = slots if stream_k else max(1, min(num_tiles, slots))
         self.stream_k_tiles = (num_tiles % slots if num_tiles > slots else num_tiles) if stream_k else 0
+        self.partials_numel = programs * cfg.block_m * cfg.block_n if self.stream_k_tiles else 0
         self.kind = plan.kind
         self.grid = (programs,)
         self.options = {"num_stages": cfg.num_stages, "num_warps": cfg.num_warps}
@@ -649,7 +650,6 @@ class _Launcher:
                     else ([K, N], [stride_b, 1], [cfg.block_k, cfg.block_n]),
                     ([M, N], [out.stride(0), 1], block_out) if plan.out_tma else None,
                 )
-            self.partials_numel = programs * cfg.block_m * cfg.block_n if self.stream_k_tiles else 0
             self.tail = (
                 M, N, K, p.scale_mode, self.stream_k_tiles, stride_a, stride_b, out.stride(0),
                 a_col, b_col, *epilogue, plan.out_tma, interpreting(),
@@ -727,9 +727,9 @@ def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0) -> tuple[
     if plan.kind == "tma":
         configs = HOPPER_TMA_CONFIGS
         sms = _num_programs(out.device)
-        if out.device.type == "cuda" and triton.cdiv(M, 128) * triton.cdiv(N, 256) < sms:
-            configs += HOPPER_FEW_TILES_CONFIGS
         tiles = triton.cdiv(M, 128) * triton.cdiv(N, 256)
+        if out.device.type == "cuda" and tiles < sms:
+            configs += HOPPER_FEW_TILES_CONFIGS
         if out.device.type == "cuda" and tiles % sms and tiles < 4 * sms:  # an idle tail worth sharing out
             configs += HOPPER_STREAM_K_CONFIGS
         if out.element_size() == 4 or not plan.out_tma:  # no room (or no use) for the split store's 4th stage
