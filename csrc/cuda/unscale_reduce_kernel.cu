@@ -81,12 +81,7 @@ __global__ void __launch_bounds__(kThreads) unscale_reduce_kernel(TableView tv, 
       // Misaligned views (a tensor starting mid-allocation): plain coalesced element access.
       for (int64_t i = threadIdx.x; i < ch.size; i += kThreads) op(ch.data[i]);
     }
-    // Without a norm only the flag is reduced: one barrier per chunk instead of three (each drains the block's
-    // loads in flight before the next chunk starts).
-    if constexpr (kNorm == NormKind::kNone)
-      op.bad = __syncthreads_or(op.bad);
-    else
-      block_reduce<kNorm == NormKind::kInf>(op.bad, op.acc);
+    block_reduce<kNorm == NormKind::kInf>(op.bad, op.acc);
     if (threadIdx.x == 0) partials[c] = make_float2(op.bad ? 1.f : 0.f, op.acc);
   }
 }
