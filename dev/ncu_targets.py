@@ -1,0 +1,53 @@
+"""One launch of each kernel the notes leave open, for Nsight Compute (driven by dev/ncu_probe.sh).
+
+python3 dev/ncu_targets.py unscale|streamk|wmma
+- unscale: FusedGradScaler.unscale_ over 64 fp32 gradients of 16M elements (4.3 GB, Llama-1B scale): the write path
+  at 85-88% of copy bandwidth;
+- streamk: the Triton TMA kernel on 3072x768x8192 bf16, plain then stream-K (128x256x64, 3 stages): the shared
+  k-steps run ~1.6x slower per step than the plain kernel's;
+- wmma: the CUDA WMMA kernel on 8192^3 bf16 (37-43% of cuBLAS).
+Each target runs its kernel twice (compile/warm-up, then the one to profile).
+"""
+
+import sys
+
+import torch
+
+
+def unscale() -> None:
+    from ampkernels import FusedGradScaler
+
+    params = [torch.nn.Parameter(torch.empty(1 << 24, device="cuda")) for _ in range(64)]
+    for p in params:
+        p.grad = torch.randn(1 << 24, device="cuda")
+    opt = torch.optim.SGD(params, lr=0.0)
+    scaler = FusedGradScaler(init_scale=1.0)
+    scaler.scale(torch.ones((), device="cuda"))
+    for _ in range(2):
+        scaler.unscale_(opt)
+        scaler.update()
+
+
+def streamk() -> None:
+    from ampkernels.triton import scaled_matmul as sm
+
+    a = torch.randn(3072, 8192, device="cuda").bfloat16()
+    b = torch.randn(8192, 768, device="cuda").bfloat16()
+    out = torch.empty(3072, 768, device="cuda", dtype=torch.bfloat16)
+    for cfg in (sm.Config(128, 256, 64, 3, 8, epilogue_split=2), sm.HOPPER_STREAM_K_CONFIGS[0]):
+        for _ in range(2):
+            sm.scaled_mm_(a, b, None, 0, 1.0, None, out, False, None, config=cfg)
+
+
+def wmma() -> None:
+    from ampkernels import scaled_matmul
+
+    a = torch.randn(8192, 8192, device="cuda").bfloat16()
+    b = torch.randn(8192, 8192, device="cuda").bfloat16()
+    for _ in range(2):
+        scaled_matmul(a, b, 1.0, backend="wmma")
+
+
+if __name__ == "__main__":
+    {"unscale": unscale, "streamk": streamk, "wmma": wmma}[sys.argv[1]]()
+    torch.cuda.synchronize()
