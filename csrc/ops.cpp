@@ -259,17 +259,8 @@ class GradTable {
   // gradient), 0.43 ms for 10k parameters; spread over the intra-op thread pool, since each parameter is checked on
   // its own (the slot map says where its gradient must be). Walking the chain one level at a time over a range, to
   // make the loads independent, measured worse there (310 vs 231 us for 10k) and was dropped.
-  bool unchanged() {
-    std::atomic<bool> ok{true};
-    at::parallel_for(0, static_cast<int64_t>(params_.size()), kParamCheckGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        if (!param_unchanged(i)) {
-          ok.store(false, std::memory_order_relaxed);
-          return;
-        }
-      }
-    });
-    return ok.load();
+  bool unchanged() const {
+    return all_params_pass(static_cast<int64_t>(params_.size()), [this](int64_t i) { return param_unchanged(i); });
   }
 
   // Compares what the kernels depend on: the data pointer, numel, dtype, device and density. NOTE: no identity

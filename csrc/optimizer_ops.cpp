@@ -1,7 +1,6 @@
 // The fused optimizer steps: the torch.library ops (a functional form taking every list) and OptimizerTable, the
 // per-(param group, device, dtype) launch table the FusedAdam/FusedAdamW/FusedSGD classes keep, so that a step's
 // host work is one C++ pass over the parameters (no Python loop, no list conversion through the dispatcher).
-#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/extension.h>
 
@@ -122,30 +121,26 @@ class OptimizerTable {
   // gradient changed dtype or layout type: the caller must rebuild the table. Re-uploads the gradient addresses
   // when any gradient moved.
   // `grads`: the gradients to use instead of the parameters' .grad (the functional ops), or null.
-  // The check reads each parameter on its own (dependent cache misses: parameter, autograd meta, gradient), so it
-  // is spread over the intra-op pool as GradTable's is; only the gradients that moved are then updated, serially.
+  // The check runs on the intra-op pool (all_params_pass); only the gradients that moved are then updated, serially.
   bool refresh(const std::vector<at::Tensor>* grads = nullptr) {
     for (const auto& w : watch_)
       if (grad_of(w) != nullptr) return false;
     const int64_t n = static_cast<int64_t>(params_.size());
-    std::atomic<bool> stale{false}, any_moved{false};
+    std::atomic<bool> any_moved{false};
     moved_.assign(n, 0);
-    at::parallel_for(0, n, kParamCheckGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const at::Tensor& p = params_[i];
-        const at::Tensor* g = grads != nullptr ? &(*grads)[i] : grad_of(p);
-        if (p.data_ptr() != param_ptrs_[i] || g == nullptr || g->layout() != at::kStrided ||
-            g->scalar_type() != grad_dtype_ || g->device() != device_) {
-          stale.store(true, std::memory_order_relaxed);
-          return;
-        }
-        if (g->data_ptr() != grad_ptrs_[i]) {
-          moved_[i] = 1;
-          any_moved.store(true, std::memory_order_relaxed);
-        }
+    const bool fresh = all_params_pass(n, [&](int64_t i) {
+      const at::Tensor& p = params_[i];
+      const at::Tensor* g = grads != nullptr ? &(*grads)[i] : grad_of(p);
+      if (p.data_ptr() != param_ptrs_[i] || g == nullptr || g->layout() != at::kStrided ||
+          g->scalar_type() != grad_dtype_ || g->device() != device_)
+        return false;
+      if (g->data_ptr() != grad_ptrs_[i]) {
+        moved_[i] = 1;
+        any_moved.store(true, std::memory_order_relaxed);
       }
+      return true;
     });
-    if (stale.load()) return false;
+    if (!fresh) return false;
     if (any_moved.load()) {
       for (int64_t i = 0; i < n; ++i) {
         if (!moved_[i]) continue;

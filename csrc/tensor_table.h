@@ -4,7 +4,9 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <vector>
@@ -26,8 +28,26 @@ void retain_if_capturing(at::Device device, std::initializer_list<const at::Tens
 constexpr int64_t kChunkSize = 16384;
 
 // Parameters per intra-op task when a table re-checks its parameters' gradients each step (GradTable,
-// OptimizerTable). NOTE: 10k parameters on the H200 machine's host: serial 426 us, 2048 per task 231 us.
+// OptimizerTable). NOTE: 10k parameters on the H200 machine's host: serial 426 us, 2048 per task 231 us, 512 per
+// task 292 us in another run (dev/NOTES.md).
 constexpr int64_t kParamCheckGrain = 512;
+
+// True when `check(i)` holds for every i in [0, n). Each parameter is checked on its own (dependent cache misses:
+// parameter, autograd meta, gradient), so the checks are spread over the intra-op pool; a task stops at its first
+// failure.
+template <typename Check>
+bool all_params_pass(int64_t n, const Check& check) {
+  std::atomic<bool> ok{true};
+  at::parallel_for(0, n, kParamCheckGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (!check(i)) {
+        ok.store(false, std::memory_order_relaxed);
+        return;
+      }
+    }
+  });
+  return ok.load();
+}
 
 struct TableGroup {
   at::ScalarType dtype;
