@@ -1,5 +1,5 @@
 // Launcher of the WMMA scaled matmul (kernels: scaled_matmul_wmma.cuh; tuned instantiations:
-// scaled_matmul_wmma_{f16,bf16}.cu). The portable kernels are instantiated here.
+// scaled_matmul_wmma_<dtype>_<tile>.cu). The portable kernels are instantiated here.
 // c10 headers only: ATen/cuda/CUDAContext.h pulls in cuSPARSE/cuBLAS headers a minimal toolkit lacks.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -30,14 +30,14 @@ void check_grid(int64_t blocks, int M, int N) {
 void check_last_launch() { C10_CUDA_KERNEL_LAUNCH_CHECK(); }
 
 // The tuned instantiations live in their own files (parallel compilation).
-extern template void launch_tuned<__half, CfgM>(const Params&, bool, bool, int, cudaStream_t);
-extern template void launch_tuned<__half, CfgK>(const Params&, bool, bool, int, cudaStream_t);
-extern template void launch_tuned<__nv_bfloat16, CfgM>(const Params&, bool, bool, int, cudaStream_t);
-extern template void launch_tuned<__nv_bfloat16, CfgK>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__half, CfgW>(const Params&, bool, bool, int, cudaStream_t);
-extern template void launch_tuned<__half, CfgX>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgW>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__half, CfgX>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgX>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__half, CfgWD>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__nv_bfloat16, CfgWD>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__half, CfgXD>(const Params&, bool, bool, int, cudaStream_t);
+extern template void launch_tuned<__nv_bfloat16, CfgXD>(const Params&, bool, bool, int, cudaStream_t);
 
 namespace {
 
@@ -88,19 +88,22 @@ bool try_tuned(Params& p, const DeviceInfo& info, int dev, cudaStream_t stream) 
 template <typename T>
 void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
   const DeviceInfo info = device_info(dev);
-  // NOTE: AMPKERNELS_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x128,
-  // 128x256x64, 128x128w4, 128x128x64w4, portable.
+  // NOTE: AMPKERNELS_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x128x32w4,
+  // 128x128x64w4, 128x128x32w4db, 128x128x64w4db, portable.
   const char* forced = std::getenv("AMPKERNELS_WMMA_TILE");
   const std::string tile = forced != nullptr ? forced : "auto";
   if (info.major >= 8 && vec && tile != "portable") {
-    if (tile == "128x128" && try_tuned<T, CfgM>(p, info, dev, stream)) return;
-    if (tile == "128x256x64" && try_tuned<T, CfgK>(p, info, dev, stream)) return;
-    if (tile == "128x128w4" && try_tuned<T, CfgW>(p, info, dev, stream)) return;
+    if (tile == "128x128x32w4" && try_tuned<T, CfgW>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4" && try_tuned<T, CfgX>(p, info, dev, stream)) return;
-    // auto. NOTE (H200, dev/wmma/NOTES.md run 1): 128x256x64 was fastest on 8192^3 (294 TFLOP/s bf16; 128x256x32,
-    // since removed, 270); with fewer than 2 waves of its tiles 128x128x32 wins (8192x768x3072: 221 vs 189).
-    if (num_tiles<CfgK>(p) >= 2 * int64_t(info.sms) && try_tuned<T, CfgK>(p, info, dev, stream)) return;
-    if (try_tuned<T, CfgM>(p, info, dev, stream)) return;
+    if (tile == "128x128x32w4db" && try_tuned<T, CfgWD>(p, info, dev, stream)) return;
+    if (tile == "128x128x64w4db" && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
+    // auto, by waves of two blocks per SM. NOTE (H200, dev/wmma/NOTES.md run 3, bf16 TFLOP/s): 2 waves or more
+    // 128x128x64w4db (8192^3: 357 vs 302 single-buffered); 1-2 waves 128x128x64w4 (8192x768x3072: 247 vs 225);
+    // fewer 128x128x32w4 (768x3072x8192, 144 tiles: 213 vs 160).
+    const int64_t waves = num_tiles<CfgX>(p) / (2 * int64_t(info.sms));
+    if (waves >= 2 && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
+    if (waves >= 1 && try_tuned<T, CfgX>(p, info, dev, stream)) return;
+    if (try_tuned<T, CfgW>(p, info, dev, stream)) return;
   }
   set_tiles<CfgP>(p);
   launch_one<T, CfgP, true, true, false>(p, dev, stream);

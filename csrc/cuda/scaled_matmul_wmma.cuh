@@ -5,8 +5,8 @@
 //
 // fp32 accumulation, the epilogue in fp32, found_inf[0] = 1 when a value as stored is not finite.
 //
-// One thread block per BM x BN output tile (grouped block order for L2 reuse), 8 warps each owning a WM x WN warp
-// tile of 16x16x16 wmma fragments with fp32 accumulators.
+// One thread block per BM x BN output tile (grouped block order for L2 reuse), each warp owning a WM x WN warp tile
+// of 16x16x16 wmma fragments with fp32 accumulators (tuned: 4 warps of 64x64, two blocks per SM).
 // - Tuned path (sm_80+, operands with 16-byte-aligned rows): A and B tiles are staged in shared memory in their global
 //   orientation, so every layout gets 16-byte cp.async copies (zero-filled past the edges), through a STAGES-deep
 //   pipeline with one barrier per k-tile. Rows are padded by 8 halfs (16 B): ldm stays a multiple of 8 and the eight
@@ -54,22 +54,26 @@ struct Params {
   float* found_inf;
 };
 
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int MIN_BLOCKS_>
+// FRAG_BUFFERS_ 2: the fragments of the next 16-deep k-step are loaded (ldmatrix) while this one's mma run, also
+// across k-tiles (the barrier moves to the last k-step of a tile), so no warp waits on a fragment load.
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int MIN_BLOCKS_, int FRAG_BUFFERS_ = 1>
 struct Config {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
-  static constexpr int kMinBlocks = MIN_BLOCKS_;
+  static constexpr int kMinBlocks = MIN_BLOCKS_, kFragBuffers = FRAG_BUFFERS_;
   static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int FM = WM / 16, FN = WN / 16;
   static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "tile shape");
 };
 
-// Tuned configurations (sm_80+, aligned operands), chosen by the launcher, and the portable one.
-using CfgM = Config<128, 128, 32, 64, 32, 4, 2>;  // 74 KB, 128 registers: 2 blocks per SM
-using CfgK = Config<128, 256, 64, 64, 64, 3, 1>;  // 162 KB, ~245 registers: 1 block per SM
-// 4 warps of 64x64: two independent blocks per SM, so one block's barrier wait overlaps the other's math.
-using CfgW = Config<128, 128, 32, 64, 64, 4, 2>;  // 74 KB x 2 blocks
-using CfgX = Config<128, 128, 64, 64, 64, 3, 2>;  // 108 KB x 2 blocks
+// Tuned configurations (sm_80+, aligned operands), chosen by the launcher, and the portable one. The tuned ones are
+// 128x128 tiles of 4 warps (64x64 warp tiles), two blocks per SM, so one block's barrier wait overlaps the other's
+// math. NOTE (H200, dev/wmma/NOTES.md run 3): 8 warps in 128x256 tiles, one block per SM, ran at 281-316 TFLOP/s
+// bf16 on 8192^3 where these reach 349-357.
+using CfgW = Config<128, 128, 32, 64, 64, 4, 2>;      // 74 KB x 2 blocks
+using CfgX = Config<128, 128, 64, 64, 64, 3, 2>;      // 108 KB x 2 blocks: half the barriers per FLOP of W
+using CfgWD = Config<128, 128, 32, 64, 64, 4, 2, 2>;  // W and X with double-buffered fragments
+using CfgXD = Config<128, 128, 64, 64, 64, 3, 2, 2>;
 using CfgP = Config<128, 128, 32, 64, 32, 2, 1>;  // portable: 40 KB, fits sm_75's 48 KB without opting in
 
 // Shared-memory elements of one stage of a tile of `rows` strided rows of `cols` contiguous elements, padded.
@@ -137,6 +141,29 @@ __device__ __forceinline__ void load_tile_vec(uint16_t* smem, const uint16_t* g,
     // An empty copy still needs a valid address: the (aligned) base.
     const uint16_t* src = valid > 0 ? g + static_cast<int64_t>(gr) * ld + gc : g;
     copy16(smem + r * (COLS + kPad) + cc, src, valid);
+  }
+}
+
+// Tuned path, a tile wholly inside the matrix (every tile but the edge ones): the same copies without bounds checks,
+// from one pointer per thread. NOTE: the checked version's per-chunk index math and predicates were ~500 of the 676
+// instructions of a 128x256x64 k-tile of 8 warps (SASS), next to 128 HMMA, with the scheduler issuing every 2.6
+// cycles (ncu); 128x128x64 tiles of 4 warps: 358 instructions a k-tile, 128 of them HMMA.
+template <int ROWS, int COLS, int kThreads>
+__device__ __forceinline__ void load_tile_vec_interior(uint16_t* smem, const uint16_t* g, int64_t ld, int tid) {
+  constexpr int kChunksPerRow = COLS / 8;
+  static_assert(kThreads % kChunksPerRow == 0 && (ROWS * kChunksPerRow) % kThreads == 0, "tile split");
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  const int r = tid / kChunksPerRow, cc = (tid % kChunksPerRow) * 8;
+  const uint16_t* src = g + r * ld + cc;
+  uint16_t* dst = smem + r * (COLS + kPad) + cc;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowsPerPass; ++i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + i * kRowsPerPass * (COLS + kPad)));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + i * kRowsPerPass * ld));
+#else
+    copy16(dst + i * kRowsPerPass * (COLS + kPad), src + i * kRowsPerPass * ld, 8);
+#endif
   }
 }
 
@@ -272,11 +299,23 @@ __device__ __forceinline__ void load_frag(nvcuda::wmma::fragment<Use, 16, 16, 16
 }
 
 // Stages k-tile kt of A and B into one pipeline stage (a_st, b_st).
+// `interior`: the block's output tile lies inside [0, M) x [0, N) (its k-tiles are checked here).
 template <typename C, bool kRowA, bool kRowB, bool kVec>
 __device__ __forceinline__ void load_stage(const Params& p, uint16_t* a_st, uint16_t* b_st, int m0, int n0, int kt,
-                                           int tid) {
+                                           int tid, bool interior) {
   const int k0 = kt * C::BK;
   if constexpr (kVec) {
+    if (interior && k0 + C::BK <= p.K) {
+      if constexpr (kRowA)
+        load_tile_vec_interior<C::BM, C::BK, C::kThreads>(a_st, p.a + m0 * p.lda + k0, p.lda, tid);
+      else
+        load_tile_vec_interior<C::BK, C::BM, C::kThreads>(a_st, p.a + k0 * p.lda + m0, p.lda, tid);
+      if constexpr (kRowB)
+        load_tile_vec_interior<C::BK, C::BN, C::kThreads>(b_st, p.b + k0 * p.ldb + n0, p.ldb, tid);
+      else
+        load_tile_vec_interior<C::BN, C::BK, C::kThreads>(b_st, p.b + n0 * p.ldb + k0, p.ldb, tid);
+      return;
+    }
     if constexpr (kRowA)
       load_tile_vec<C::BM, C::BK, C::kThreads>(a_st, p.a, p.lda, m0, k0, p.M, p.K, tid);
     else
@@ -330,28 +369,21 @@ __device__ __forceinline__ void gemm_body(const Params& p) {
     for (int j = 0; j < C::FN; ++j) wmma::fill_fragment(acc[i][j], 0.f);
 
   const int num_k = (p.K + C::BK - 1) / C::BK;
+  const bool interior = m0 + C::BM <= p.M && n0 + C::BN <= p.N;
 #pragma unroll
   for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < num_k) load_stage<C, kRowA, kRowB, kVec>(p, sA + s * kA, sB + s * kB, m0, n0, s, tid);
+    if (s < num_k) load_stage<C, kRowA, kRowB, kVec>(p, sA + s * kA, sB + s * kB, m0, n0, s, tid, interior);
     cp_async_commit();
   }
-  for (int kt = 0; kt < num_k; ++kt) {
-    // After the wait this thread's copies of tile kt have landed, after the barrier everyone's; every warp is also
-    // done reading the stage of tile kt - 1, which the load below overwrites.
-    cp_async_wait<C::STAGES - 2>();
-    __syncthreads();
-    const int next = kt + C::STAGES - 1;
-    if (next < num_k) {
-      const int st = next % C::STAGES;
-      load_stage<C, kRowA, kRowB, kVec>(p, sA + st * kA, sB + st * kB, m0, n0, next, tid);
-    }
-    cp_async_commit();
-
-    const T* a_st = reinterpret_cast<const T*>(smem_raw) + (kt % C::STAGES) * kA;
-    const T* b_st = reinterpret_cast<const T*>(smem_raw) + C::STAGES * kA + (kt % C::STAGES) * kB;
-#pragma unroll
-    for (int kk = 0; kk < C::BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[C::FM];
+  const T* tiles = reinterpret_cast<const T*>(smem_raw);
+  if constexpr (C::kFragBuffers == 2) {
+    constexpr int kSteps = C::BK / 16;
+    static_assert(kSteps % 2 == 0, "k-step 0 of every tile must read fragment buffer 0");
+    // The A and B fragments of k-step kk of the tile in stage st.
+    auto load_frags = [&](wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA>(&fa)[C::FM],
+                          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB>(&fb)[C::FN], int st, int kk) {
+      const T* a_st = tiles + st * kA;
+      const T* b_st = tiles + C::STAGES * kA + st * kB;
 #pragma unroll
       for (int i = 0; i < C::FM; ++i) {
         const int m = wm * C::WM + i * 16;
@@ -360,10 +392,72 @@ __device__ __forceinline__ void gemm_body(const Params& p) {
 #pragma unroll
       for (int j = 0; j < C::FN; ++j) {
         const int n = wn * C::WN + j * 16;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb;
-        load_frag(fb, b_st + (kRowB ? kk * kLdB + n : n * kLdB + kk), kLdB);
+        load_frag(fb[j], b_st + (kRowB ? kk * kLdB + n : n * kLdB + kk), kLdB);
+      }
+    };
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[2][C::FM];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb[2][C::FN];
+    cp_async_wait<C::STAGES - 2>();
+    __syncthreads();
+    if (num_k > 0) load_frags(fa[0], fb[0], 0, 0);
+    for (int kt = 0; kt < num_k; ++kt) {
+      // Stage (kt - 1) % STAGES is free: every warp read its last fragments before the barrier of tile kt - 1.
+      const int next = kt + C::STAGES - 1;
+      if (next < num_k) {
+        const int st = next % C::STAGES;
+        load_stage<C, kRowA, kRowB, kVec>(p, sA + st * kA, sB + st * kB, m0, n0, next, tid, interior);
+      }
+      cp_async_commit();
+      const int st = kt % C::STAGES;
 #pragma unroll
-        for (int i = 0; i < C::FM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
+      for (int kk = 0; kk < kSteps; ++kk) {
+        const int cur = kk & 1;
+        if (kk + 1 < kSteps) {
+          load_frags(fa[cur ^ 1], fb[cur ^ 1], st, (kk + 1) * 16);
+        } else if (kt + 1 < num_k) {
+          // Tile kt + 1 has landed for every thread after these two; the fragments of its first k-step load while
+          // this tile's last k-step multiplies.
+          cp_async_wait<C::STAGES - 2>();
+          __syncthreads();
+          load_frags(fa[cur ^ 1], fb[cur ^ 1], (kt + 1) % C::STAGES, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < C::FM; ++i)
+#pragma unroll
+          for (int j = 0; j < C::FN; ++j) wmma::mma_sync(acc[i][j], fa[cur][i], fb[cur][j], acc[i][j]);
+      }
+    }
+  } else {
+    for (int kt = 0; kt < num_k; ++kt) {
+      // After the wait this thread's copies of tile kt have landed, after the barrier everyone's; every warp is also
+      // done reading the stage of tile kt - 1, which the load below overwrites.
+      cp_async_wait<C::STAGES - 2>();
+      __syncthreads();
+      const int next = kt + C::STAGES - 1;
+      if (next < num_k) {
+        const int st = next % C::STAGES;
+        load_stage<C, kRowA, kRowB, kVec>(p, sA + st * kA, sB + st * kB, m0, n0, next, tid, interior);
+      }
+      cp_async_commit();
+
+      const T* a_st = tiles + (kt % C::STAGES) * kA;
+      const T* b_st = tiles + C::STAGES * kA + (kt % C::STAGES) * kB;
+#pragma unroll
+      for (int kk = 0; kk < C::BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[C::FM];
+#pragma unroll
+        for (int i = 0; i < C::FM; ++i) {
+          const int m = wm * C::WM + i * 16;
+          load_frag(fa[i], a_st + (kRowA ? m * kLdA + kk : kk * kLdA + m), kLdA);
+        }
+#pragma unroll
+        for (int j = 0; j < C::FN; ++j) {
+          const int n = wn * C::WN + j * 16;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb;
+          load_frag(fb, b_st + (kRowB ? kk * kLdB + n : n * kLdB + kk), kLdB);
+#pragma unroll
+          for (int i = 0; i < C::FM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
+        }
       }
     }
   }
