@@ -32,7 +32,7 @@ IN_DTYPES = [
 OUT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 LAYOUTS = [(True, True), (True, False), (False, True), (False, False)]  # (a row-major, b row-major)
 # AMPKERNELS_WMMA_TILE values the launcher knows (csrc/cuda/scaled_matmul_wmma.cu)
-TILES = ["128x128x32w4", "128x128x64w4", "128x128x32w4db", "128x128x64w4db", "portable"]
+TILES = ["128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]
 
 
 def matrix(rows: int, cols: int, dtype, row_major: bool = True, device="cuda", scale: float = 1.0) -> torch.Tensor:

@@ -34,8 +34,6 @@ extern template void launch_tuned<__half, CfgW>(const Params&, bool, bool, int, 
 extern template void launch_tuned<__nv_bfloat16, CfgW>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__half, CfgX>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgX>(const Params&, bool, bool, int, cudaStream_t);
-extern template void launch_tuned<__half, CfgWD>(const Params&, bool, bool, int, cudaStream_t);
-extern template void launch_tuned<__nv_bfloat16, CfgWD>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__half, CfgXD>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgXD>(const Params&, bool, bool, int, cudaStream_t);
 
@@ -89,13 +87,12 @@ template <typename T>
 void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
   const DeviceInfo info = device_info(dev);
   // NOTE: AMPKERNELS_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x128x32w4,
-  // 128x128x64w4, 128x128x32w4db, 128x128x64w4db, portable.
+  // 128x128x64w4, 128x128x64w4db, portable.
   const char* forced = std::getenv("AMPKERNELS_WMMA_TILE");
   const std::string tile = forced != nullptr ? forced : "auto";
   if (info.major >= 8 && vec && tile != "portable") {
     if (tile == "128x128x32w4" && try_tuned<T, CfgW>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4" && try_tuned<T, CfgX>(p, info, dev, stream)) return;
-    if (tile == "128x128x32w4db" && try_tuned<T, CfgWD>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4db" && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
     // auto, by waves of two blocks per SM. NOTE (H200, dev/wmma/NOTES.md run 3, bf16 TFLOP/s): 2 waves or more
     // 128x128x64w4db (8192^3: 357 vs 302 single-buffered); 1-2 waves 128x128x64w4 (8192x768x3072: 247 vs 225);

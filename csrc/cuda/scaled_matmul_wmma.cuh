@@ -72,8 +72,7 @@ struct Config {
 // bf16 on 8192^3 where these reach 349-357.
 using CfgW = Config<128, 128, 32, 64, 64, 4, 2>;      // 74 KB x 2 blocks
 using CfgX = Config<128, 128, 64, 64, 64, 3, 2>;      // 108 KB x 2 blocks: half the barriers per FLOP of W
-using CfgWD = Config<128, 128, 32, 64, 64, 4, 2, 2>;  // W and X with double-buffered fragments
-using CfgXD = Config<128, 128, 64, 64, 64, 3, 2, 2>;
+using CfgXD = Config<128, 128, 64, 64, 64, 3, 2, 2>;  // X with double-buffered fragments
 using CfgP = Config<128, 128, 32, 64, 32, 2, 1>;  // portable: 40 KB, fits sm_75's 48 KB without opting in
 
 // Shared-memory elements of one stage of a tile of `rows` strided rows of `cols` contiguous elements, padded.
