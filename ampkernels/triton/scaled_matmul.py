@@ -165,6 +165,29 @@ def _tile_product(
 
 
 @triton.jit
+def _halves_along_n(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The left and right [BLOCK_M, BLOCK_N // 2] halves of a tile (stored, or finished, one at a time)."""
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _store_halves(
+    acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
+    found_inf_ptr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CHECK_FINITE: tl.constexpr,
+    OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The epilogue of a finished tile given as its two halves along N."""
+    _epilogue_tma(
+        acc_left, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
+        found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+    )  # fmt: skip
+    _epilogue_tma(
+        acc_right, off_m, off_n + BLOCK_N // 2, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
+        stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+    )  # fmt: skip
+
+
+@triton.jit
 def _store_tile(
     acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om, found_inf_ptr,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CHECK_FINITE: tl.constexpr, OUT_TMA: tl.constexpr,
@@ -172,15 +195,10 @@ def _store_tile(
 ):  # fmt: skip
     """The epilogue of one finished tile, in one piece or in two halves along N."""
     if EPILOGUE_SPLIT == 2:
-        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-        acc_left, acc_right = tl.split(halves)
-        _epilogue_tma(
-            acc_left, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
-            stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
-        )  # fmt: skip
-        _epilogue_tma(
-            acc_right, off_m, off_n + BLOCK_N // 2, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc,
-            out_ptr, stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+        acc_left, acc_right = _halves_along_n(acc, BLOCK_M, BLOCK_N)
+        _store_halves(
+            acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
+            stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N,
         )  # fmt: skip
     else:
         _epilogue_tma(
@@ -304,8 +322,7 @@ def _scaled_mm_tma_kernel(
             if hi == tile_begin + k_tiles:
                 first = _program_of_iteration(tile_begin, per, extra)  # == pid when this program holds it all
                 if EPILOGUE_SPLIT == 2:  # half a tile at a time: a whole fp32 partial beside acc would spill
-                    halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                    acc_left, acc_right = tl.split(halves)
+                    acc_left, acc_right = _halves_along_n(acc, BLOCK_M, BLOCK_N)
                     half_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N // 2)[None, :]
                     acc_left = _add_partials(
                         acc_left, partials_ptr, flags_ptr, first, pid, half_offsets, BLOCK_M * BLOCK_N
@@ -313,14 +330,10 @@ def _scaled_mm_tma_kernel(
                     acc_right = _add_partials(
                         acc_right, partials_ptr + BLOCK_N // 2, flags_ptr, first, pid, half_offsets, BLOCK_M * BLOCK_N
                     )
-                    _epilogue_tma(
-                        acc_left, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
-                        stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
-                    )  # fmt: skip
-                    _epilogue_tma(
-                        acc_right, off_m, off_n + BLOCK_N // 2, M, N, alpha, scale_ptr, scale_mode, bias_ptr,
+                    _store_halves(
+                        acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr,
                         out_desc, out_ptr, stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA,
-                        BLOCK_M, BLOCK_N // 2,
+                        BLOCK_M, BLOCK_N,
                     )  # fmt: skip
                 else:
                     acc = _add_partials(acc, partials_ptr, flags_ptr, first, pid, tile_offsets, BLOCK_M * BLOCK_N)
