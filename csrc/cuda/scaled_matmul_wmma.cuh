@@ -375,6 +375,15 @@ __device__ __forceinline__ void gemm_body(const Params& p) {
     cp_async_commit();
   }
   const T* tiles = reinterpret_cast<const T*>(smem_raw);
+  // Where fragment i of A, and fragment j of B, of k-step kk start in a stage's tiles a_st / b_st.
+  auto a_frag = [&](const T* a_st, int i, int kk) {
+    const int m = wm * C::WM + i * 16;
+    return a_st + (kRowA ? m * kLdA + kk : kk * kLdA + m);
+  };
+  auto b_frag = [&](const T* b_st, int j, int kk) {
+    const int n = wn * C::WN + j * 16;
+    return b_st + (kRowB ? kk * kLdB + n : n * kLdB + kk);
+  };
   if constexpr (C::kFragBuffers == 2) {
     constexpr int kSteps = C::BK / 16;
     static_assert(kSteps % 2 == 0, "k-step 0 of every tile must read fragment buffer 0");
@@ -384,15 +393,9 @@ __device__ __forceinline__ void gemm_body(const Params& p) {
       const T* a_st = tiles + st * kA;
       const T* b_st = tiles + C::STAGES * kA + st * kB;
 #pragma unroll
-      for (int i = 0; i < C::FM; ++i) {
-        const int m = wm * C::WM + i * 16;
-        load_frag(fa[i], a_st + (kRowA ? m * kLdA + kk : kk * kLdA + m), kLdA);
-      }
+      for (int i = 0; i < C::FM; ++i) load_frag(fa[i], a_frag(a_st, i, kk), kLdA);
 #pragma unroll
-      for (int j = 0; j < C::FN; ++j) {
-        const int n = wn * C::WN + j * 16;
-        load_frag(fb[j], b_st + (kRowB ? kk * kLdB + n : n * kLdB + kk), kLdB);
-      }
+      for (int j = 0; j < C::FN; ++j) load_frag(fb[j], b_frag(b_st, j, kk), kLdB);
     };
     wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[2][C::FM];
     wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb[2][C::FN];
@@ -445,15 +448,11 @@ __device__ __forceinline__ void gemm_body(const Params& p) {
       for (int kk = 0; kk < C::BK; kk += 16) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[C::FM];
 #pragma unroll
-        for (int i = 0; i < C::FM; ++i) {
-          const int m = wm * C::WM + i * 16;
-          load_frag(fa[i], a_st + (kRowA ? m * kLdA + kk : kk * kLdA + m), kLdA);
-        }
+        for (int i = 0; i < C::FM; ++i) load_frag(fa[i], a_frag(a_st, i, kk), kLdA);
 #pragma unroll
         for (int j = 0; j < C::FN; ++j) {
-          const int n = wn * C::WN + j * 16;
           wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb;
-          load_frag(fb, b_st + (kRowB ? kk * kLdB + n : n * kLdB + kk), kLdB);
+          load_frag(fb, b_frag(b_st, j, kk), kLdB);
 #pragma unroll
           for (int i = 0; i < C::FM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
         }
