@@ -1,0 +1,139 @@
+"""Times variants of the in-place unscale kernel (dev/unscale_probe.cu) against torch's copy_ and in-place mul_ in
+one process, on the Llama-1B gradient set (fp32, 5 GB) and on one 1 GiB tensor (the benchmark's copy size).
+
+python3 dev/unscale_probe.py   (GPU machine; needs nvcc on PATH or CUDA_HOME). Prints GB/s (bytes read + written)
+and % of copy_ measured in the same run; medians of interleaved rounds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+from benchmarks.param_sets import llama_1b_shapes  # noqa: E402
+
+VARIANTS = [
+    "16K unroll4 (extension)",
+    "16K unroll4, streaming stores",
+    "16K unroll4, streaming loads+stores",
+    "16K unroll8",
+    "4K unroll4 (one trip a chunk)",
+    "4K unroll4, streaming stores",
+    "16K unroll4, no block barrier",
+    "64K unroll4",
+    "16K unroll4, .lu loads, .cg stores",
+    "2K unroll2",
+]
+CHUNKS = [16384, 16384, 16384, 16384, 4096, 4096, 16384, 65536, 16384, 2048]
+
+
+def build() -> ctypes.CDLL:
+    home = os.environ.get("CUDA_HOME")
+    nvcc = os.path.join(home, "bin", "nvcc") if home else shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    lib = "/tmp/unscale_probe.so"
+    cmd = [nvcc, "-O3", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", "-o", lib, "dev/unscale_probe.cu"]
+    subprocess.run(cmd, check=True)
+    dll = ctypes.CDLL(lib)
+    dll.unscale_probe.restype = ctypes.c_int
+    dll.unscale_probe.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
+    dll.unscale_probe.argtypes += [ctypes.c_int, ctypes.c_void_p]
+    return dll
+
+
+def table(tensors: list[torch.Tensor], chunk: int) -> dict[str, torch.Tensor]:
+    addrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    numels = torch.tensor([t.numel() for t in tensors], dtype=torch.int64)
+    per = [(t.numel() + chunk - 1) // chunk for t in tensors]
+    chunk_tensor = torch.repeat_interleave(torch.arange(len(tensors)), torch.tensor(per))
+    chunk_start = torch.cat([torch.arange(n) * chunk for n in per])
+    out = dict(addrs=addrs, numels=numels, chunk_tensor=chunk_tensor, chunk_start=chunk_start)
+    out = {k: v.cuda() for k, v in out.items()}
+    out["partials"] = torch.zeros(len(chunk_tensor), device="cuda")
+    return out
+
+
+def timed_rounds(fns: dict[str, callable], rounds: int = 7, iters: int = 10) -> dict[str, float]:
+    times = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / iters)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> None:
+    dll = build()
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    scale = torch.ones((), device="cuda")
+    torch.manual_seed(0)
+    sets = {
+        "llama-1b": [torch.randn(s, device="cuda") for s in llama_1b_shapes()],
+        "1 GiB": [torch.randn(2**28, device="cuda")],
+    }
+    src, dst = torch.randn(2**28, device="cuda"), torch.empty(2**28, device="cuda")
+    for set_name, grads in sets.items():
+        run_set(dll, stream, scale, set_name, grads, src, dst)
+    check(dll, stream)
+    print("all variants exact")
+
+
+def run_set(dll, stream, scale, set_name, grads, src, dst) -> None:
+    nbytes = 8 * sum(g.numel() for g in grads)
+    fns = {"torch copy_ 1 GiB (the benchmark's ceiling)": lambda: dst.copy_(src)}
+    if len(grads) == 1:
+        fns["torch mul_(1.0) in place"] = lambda: grads[0].mul_(1.0)
+    else:
+        fns["torch _foreach_mul_(1.0)"] = lambda: torch._foreach_mul_(grads, 1.0)
+    found = torch.zeros((), device="cuda")
+    fns["stock unscale (_amp_foreach_non_finite_check_and_unscale_)"] = lambda: (
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, scale)
+    )
+    tables = {c: table(grads, c) for c in set(CHUNKS)}
+    for v, name in enumerate(VARIANTS):
+        t = tables[CHUNKS[v]]
+        args = [t[k].data_ptr() for k in ("addrs", "numels", "chunk_tensor", "chunk_start")]
+
+        def fn(v=v, t=t, args=args):
+            rc = dll.unscale_probe(
+                v, *args, len(t["chunk_tensor"]), scale.data_ptr(), t["partials"].data_ptr(), 0, stream
+            )
+            assert rc > 0, f"variant {v} failed to launch"
+
+        fns[name] = fn
+    ms = timed_rounds(fns)
+    copy_gbs = 2 * 4 * 2**28 / (ms[next(iter(fns))] * 1e-3) / 1e9
+    print(f"\n== {set_name}: {len(grads)} tensors, {nbytes / 1e9:.2f} GB moved per pass; copy_ {copy_gbs:.0f} GB/s")
+    for name, m in ms.items():
+        gbs = (2 * 4 * 2**28 if name.startswith("torch copy_") else nbytes) / (m * 1e-3) / 1e9
+        print(f"{name:62s} {m:8.3f} ms {gbs:7.0f} GB/s {100 * gbs / copy_gbs:5.1f}% of copy")
+
+
+def check(dll, stream) -> None:
+    """Correctness of every variant: one pass with a scale of 2 halves a known tensor exactly."""
+    for v in range(len(VARIANTS)):
+        probe = [torch.randn(12345 + 7 * v, device="cuda"), torch.randn(3 * 2**16 + 5, device="cuda")]
+        want = [p / 2 for p in probe]
+        t = table(probe, CHUNKS[v])
+        args = [t[k].data_ptr() for k in ("addrs", "numels", "chunk_tensor", "chunk_start")]
+        two = torch.full((), 2.0, device="cuda")
+        dll.unscale_probe(v, *args, len(t["chunk_tensor"]), two.data_ptr(), t["partials"].data_ptr(), 0, stream)
+        assert all(torch.equal(p, w) for p, w in zip(probe, want)), f"variant {v} wrong"
+
+
+if __name__ == "__main__":
+    main()
