@@ -30,8 +30,35 @@ VARIANTS = [
     "64K unroll4",
     "16K unroll4, .lu loads, .cg stores",
     "2K unroll2",
+    "16K unroll8, 40 registers",
+    "16K unroll4, 32 registers (8 blocks/SM)",
+    "16K unroll16",
+    "16K unroll4 pipelined",
+    "16K unroll8 pipelined",
+    "16K unroll8, 48 registers",
+    "16K unroll8, streaming stores",
+    "16K unroll4, one block a chunk",
+    "16K unroll8, one block a chunk",
+    "16K unroll4 lean (unchecked full trips)",
+    "16K unroll8 lean",
+    "16K unroll8 lean, 40 registers",
+    "16K unroll16 lean",
+    "16K unroll4 lean, 32 registers",
+    "16K unroll16 lean, 3 blocks/SM",
+    "16K unroll8 lean 40 registers, one block a chunk",
+    "16K unroll4 lean 32 registers, one block a chunk",
+    "16K unroll8 lean, one block a chunk",
+    "16K unroll16, one block a chunk",
+    "read-only 16K unroll4 (extension)",
+    "read-only 16K unroll4, one block a chunk",
+    "read-only 16K unroll8, one block a chunk",
+    "read-only 16K unroll8 lean 40 registers",
+    "read-only 16K unroll8 lean 40 registers, one block a chunk",
 ]
-CHUNKS = [16384, 16384, 16384, 16384, 4096, 4096, 16384, 65536, 16384, 2048]
+# blocks per SM passed to the launcher: 0 = what is resident (the extension's persistent grid), -1 = one per chunk.
+GRID = [0] * 17 + [-1, -1] + [0] * 6 + [-1] * 4 + [0, -1, -1, 0, -1]
+KERNEL = list(range(17)) + [0, 3] + list(range(17, 23)) + [19, 21, 18, 12] + [23, 23, 24, 25, 25]
+CHUNKS = [16384, 16384, 16384, 16384, 4096, 4096, 16384, 65536, 16384, 2048] + [16384] * 24
 
 
 def build() -> ctypes.CDLL:
@@ -110,7 +137,7 @@ def run_set(dll, stream, scale, set_name, grads, src, dst) -> None:
 
         def fn(v=v, t=t, args=args):
             rc = dll.unscale_probe(
-                v, *args, len(t["chunk_tensor"]), scale.data_ptr(), t["partials"].data_ptr(), 0, stream
+                KERNEL[v], *args, len(t["chunk_tensor"]), scale.data_ptr(), t["partials"].data_ptr(), GRID[v], stream
             )
             assert rc > 0, f"variant {v} failed to launch"
 
@@ -119,19 +146,23 @@ def run_set(dll, stream, scale, set_name, grads, src, dst) -> None:
     copy_gbs = 2 * 4 * 2**28 / (ms[next(iter(fns))] * 1e-3) / 1e9
     print(f"\n== {set_name}: {len(grads)} tensors, {nbytes / 1e9:.2f} GB moved per pass; copy_ {copy_gbs:.0f} GB/s")
     for name, m in ms.items():
-        gbs = (2 * 4 * 2**28 if name.startswith("torch copy_") else nbytes) / (m * 1e-3) / 1e9
+        moved = nbytes // 2 if name.startswith("read-only") else nbytes
+        gbs = (2 * 4 * 2**28 if name.startswith("torch copy_") else moved) / (m * 1e-3) / 1e9
         print(f"{name:62s} {m:8.3f} ms {gbs:7.0f} GB/s {100 * gbs / copy_gbs:5.1f}% of copy")
 
 
 def check(dll, stream) -> None:
     """Correctness of every variant: one pass with a scale of 2 halves a known tensor exactly."""
     for v in range(len(VARIANTS)):
+        if VARIANTS[v].startswith("read-only"):
+            continue
         probe = [torch.randn(12345 + 7 * v, device="cuda"), torch.randn(3 * 2**16 + 5, device="cuda")]
         want = [p / 2 for p in probe]
         t = table(probe, CHUNKS[v])
         args = [t[k].data_ptr() for k in ("addrs", "numels", "chunk_tensor", "chunk_start")]
         two = torch.full((), 2.0, device="cuda")
-        dll.unscale_probe(v, *args, len(t["chunk_tensor"]), two.data_ptr(), t["partials"].data_ptr(), 0, stream)
+        n = len(t["chunk_tensor"])
+        dll.unscale_probe(KERNEL[v], *args, n, two.data_ptr(), t["partials"].data_ptr(), GRID[v], stream)
         assert all(torch.equal(p, w) for p, w in zip(probe, want)), f"variant {v} wrong"
 
 

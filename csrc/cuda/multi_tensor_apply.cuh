@@ -1,5 +1,6 @@
-// Device-side helpers shared by every multi-tensor kernel: walking a tensor table's chunks with a persistent grid,
-// 16-byte vector access, and deterministic block reductions.
+// Device-side helpers shared by every multi-tensor kernel: walking a tensor table's chunks (the optimizer step with a
+// persistent grid, the unscale kernel with one block per chunk), 16-byte vector access, and deterministic block
+// reductions.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -15,7 +16,6 @@ namespace ampkernels {
 namespace cuda {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // independent 16-byte loads in flight per thread
 
 // SMs of the current device, read once per device ordinal (cudaDeviceGetAttribute is not free).
 inline int multiprocessor_count() {
@@ -30,8 +30,8 @@ inline int multiprocessor_count() {
 
 // Blocks of kThreads for a persistent grid of `kKernel` over `work` chunks: what is resident on the chip at once,
 // and no more than there are chunks. Blocks beyond the resident ones would start their share of the chunks only when
-// others finish. NOTE: the float32 unscale-in-place variant uses 40 registers, so 6 (not 8) blocks of 256 threads fit
-// per SM; a fixed 8/SM grid measured 3.50 TB/s on BERT-base unscale_ (82% of copy bandwidth).
+// others finish. NOTE: blocks per SM come from the kernel's registers; a fixed 8/SM grid of the unscale kernel (40
+// registers: 6 fit) measured 3.50 TB/s on BERT-base unscale_ (82% of copy bandwidth).
 template <auto kKernel>
 int64_t persistent_blocks(int64_t work) {
   static const int resident_per_sm = [] {
