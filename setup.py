@@ -10,6 +10,7 @@ The CPU kernels are always built; the CUDA kernels whenever torch is a CUDA buil
 """
 
 import os
+import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -37,6 +38,13 @@ def _extensions():
     cpp_sources = [str(p.relative_to(ROOT)) for p in sorted(CSRC.rglob("*.cpp"))]
     cuda_sources = [str(p.relative_to(ROOT)) for p in sorted(CSRC.rglob("*.cu"))]
     cxx_flags = ["-O3"]  # the C++ standard comes from torch (C++17 or C++20 by version)
+    link_flags = []
+    if torch.backends.openmp.is_available() and sys.platform.startswith("linux"):
+        # at::parallel_for is an inline template: without -fopenmp it compiles to a serial loop (no _OPENMP, so no
+        # INTRA_OP_PARALLEL), and the CPU kernels and per-parameter checks ran on one thread whatever
+        # torch.set_num_threads said. The runtime is torch's own libgomp.so.1 (same soname, already loaded).
+        cxx_flags.append("-fopenmp")
+        link_flags.append("-fopenmp")
     with_cuda = torch.version.cuda is not None and CUDA_HOME is not None and not _truthy("AMPKERNELS_NO_CUDA")
     if with_cuda:
         arch_list = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _default_arch_list(torch.version.cuda))
@@ -49,9 +57,12 @@ def _extensions():
                 # No --use_fast_math: the non-finite checks need IEEE isfinite and exact reciprocals.
                 "nvcc": ["-O3", "-lineinfo"] + defines,
             },
+            extra_link_args=link_flags,
         )
     else:
-        ext = CppExtension("ampkernels._C", cpp_sources, extra_compile_args={"cxx": cxx_flags})
+        ext = CppExtension(
+            "ampkernels._C", cpp_sources, extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags
+        )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
 
 

@@ -44,6 +44,12 @@ def report() -> str:
     else:
         archs = native.cuda_arch_list or "-"
         lines.append(f"native extension: built {'with' if native.with_cuda else 'without'} CUDA (archs: {archs})")
+        wanted = torch.get_num_threads()
+        used = native.parallel_for_threads(max(2, wanted)) if hasattr(native, "parallel_for_threads") else 1
+        lines.append(
+            f"native CPU kernels and gradient checks: {used} of torch's {wanted} intra-op threads"
+            + ("" if used == wanted else " (extension built without OpenMP: see setup.py)")
+        )
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

@@ -350,3 +350,18 @@ def test_tables_list_every_address_their_kernels_use():
     assert by_role["grad"] == grads
     for key in ("exp_avg", "exp_avg_sq", "step"):
         assert by_role[key] == {opt.state[p][key].data_ptr() for p in params}
+
+
+@pytest.mark.skipif(_backend.native() is None, reason="native extension not built")
+@pytest.mark.skipif(not torch.backends.openmp.is_available(), reason="torch built without OpenMP")
+def test_native_parallel_for_runs_on_torchs_intra_op_threads():
+    # at::parallel_for is inline: built without -fopenmp, the extension's CPU kernels and gradient checks ran on one
+    # thread whatever torch.set_num_threads said.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _backend.native().parallel_for_threads(8) == 2
+        torch.set_num_threads(1)
+        assert _backend.native().parallel_for_threads(8) == 1
+    finally:
+        torch.set_num_threads(before)
