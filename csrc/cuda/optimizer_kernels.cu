@@ -1,6 +1,6 @@
 // Fused optimizer steps on CUDA (csrc/optimizer.h): a one-thread-per-tensor prologue (step counts and bias
-// corrections), then one persistent pass over every chunk of every parameter of the launch, reading the gradient
-// once and reading + writing the parameter and its state once, with 16-byte accesses where the data allows.
+// corrections), then one pass over every chunk of every parameter of the launch (a block per chunk), reading the
+// gradient once and reading + writing the parameter and its state once, with 16-byte accesses where the data allows.
 // Both kernels return at once when found_inf is non-zero, so a skipped step writes nothing at all.
 // c10 headers only: ATen/cuda/CUDAContext.h pulls in cuSPARSE/cuBLAS headers a minimal toolkit lacks.
 #include <c10/cuda/CUDAException.h>
@@ -133,7 +133,7 @@ __device__ __forceinline__ bool aligned(const void* ptr) {
   return reinterpret_cast<uintptr_t>(ptr) % kBytes == 0;
 }
 
-// One block per chunk, persistent over all chunks of the launch.
+// One block per chunk of the launch (the loop also covers a smaller grid).
 template <OptimizerKind kKind, typename P, typename G, typename S>
 __global__ void __launch_bounds__(kThreads) step_kernel(KernelArgs a) {
   if (skipped(a.found_inf)) return;
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(KernelArgs a) {
 template <OptimizerKind kKind, typename P, typename G, typename S>
 void launch_step(const KernelArgs& a, cudaStream_t stream) {
   if (a.num_chunks == 0) return;
-  const int64_t grid = persistent_blocks<step_kernel<kKind, P, G, S>>(a.num_chunks);
+  const int64_t grid = chunk_grid(a.num_chunks);
   step_kernel<kKind, P, G, S><<<grid, kThreads, 0, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

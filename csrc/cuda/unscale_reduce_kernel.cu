@@ -5,8 +5,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <algorithm>
-#include <limits>
 #include <type_traits>
 
 #include "../multi_tensor.h"
@@ -49,9 +47,7 @@ constexpr int loads_in_flight() {
   return kWrite ? (per_chunk < 16 ? per_chunk : 16) : 4;
 }
 
-// One block per chunk of [c_begin, c_end) (the loop also covers a smaller grid). NOTE: one block per chunk measured
-// faster than a persistent grid of the resident blocks in every variant of dev/unscale_probe.py (write 97.7% against
-// 91.0% of copy bandwidth with 16 loads a thread; read-only 109% against 105%).
+// One block per chunk of [c_begin, c_end) (chunk_grid; the loop also covers a smaller grid).
 template <typename T, bool kWrite, NormKind kNorm, bool kFactor>
 __global__ void __launch_bounds__(kThreads) unscale_reduce_kernel(TableView tv, int64_t c_begin, int64_t c_end,
                                                                  const float* __restrict__ scale,
@@ -156,7 +152,7 @@ template <typename T, bool kWrite, NormKind kNorm, bool kFactor>
 void launch_group(const TensorTable& table, const TableGroup& g, const UnscaleReduceArgs& a, cudaStream_t stream) {
   const int64_t chunks = g.c_end - g.c_begin;
   if (chunks == 0) return;
-  const int64_t blocks = std::min<int64_t>(chunks, std::numeric_limits<int32_t>::max());
+  const int64_t blocks = chunk_grid(chunks);
   unscale_reduce_kernel<T, kWrite, kNorm, kFactor><<<blocks, kThreads, 0, stream>>>(
       table.view(), g.c_begin, g.c_end, a.scale.data_ptr<float>(),
       kFactor ? a.factor.data_ptr<float>() : nullptr, reinterpret_cast<float2*>(table.partials().data_ptr<float>()));
