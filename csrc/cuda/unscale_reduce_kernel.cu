@@ -38,9 +38,9 @@ struct UnscaleOp {
   }
 };
 
-// 16-byte loads a thread issues before using any. NOTE (H200, dev/unscale_probe.py, Llama-1B set, fp32, % of
-// torch's copy_ in the same run): writing, a thread's whole share of a chunk at once (16 loads) ran at 97.7%, where a
-// persistent grid with 4 loads a trip ran at 89.1% (8: 89.7%); read-only, 4 a trip ran at 109% (8: 108%).
+// 16-byte loads a thread issues before using any. NOTE (H200, dev/unscale_probe.py, Llama-1B set, fp32, one block
+// per chunk, % of torch's copy_ in the same run): writing, 4 / 8 / 16 loads (a thread's whole share of the chunk)
+// 92.4 / 94.4 / 97.7%; read-only, 4 / 8 loads 109.1 / 108.4%.
 template <typename T, bool kWrite>
 constexpr int loads_in_flight() {
   constexpr int per_chunk = static_cast<int>(kChunkSize / Pack<T>::kSize / kThreads);  // fp32 16, 16-bit 8, fp64 32
