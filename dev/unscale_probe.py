@@ -13,52 +13,57 @@ import shutil
 import statistics
 import subprocess
 import sys
+from typing import NamedTuple
 
 import torch
 
 sys.path.insert(0, os.getcwd())
 from benchmarks.param_sets import llama_1b_shapes  # noqa: E402
 
+
+class Variant(NamedTuple):
+    name: str
+    kernel: int  # case of unscale_probe() in dev/unscale_probe.cu
+    chunk: int  # elements per chunk of the table
+    blocks_per_sm: int = 0  # 0: what is resident (a persistent grid); -1: one block per chunk
+
+
 VARIANTS = [
-    "16K unroll4 (extension)",
-    "16K unroll4, streaming stores",
-    "16K unroll4, streaming loads+stores",
-    "16K unroll8",
-    "4K unroll4 (one trip a chunk)",
-    "4K unroll4, streaming stores",
-    "16K unroll4, no block barrier",
-    "64K unroll4",
-    "16K unroll4, .lu loads, .cg stores",
-    "2K unroll2",
-    "16K unroll8, 40 registers",
-    "16K unroll4, 32 registers (8 blocks/SM)",
-    "16K unroll16",
-    "16K unroll4 pipelined",
-    "16K unroll8 pipelined",
-    "16K unroll8, 48 registers",
-    "16K unroll8, streaming stores",
-    "16K unroll4, one block a chunk",
-    "16K unroll8, one block a chunk",
-    "16K unroll4 lean (unchecked full trips)",
-    "16K unroll8 lean",
-    "16K unroll8 lean, 40 registers",
-    "16K unroll16 lean",
-    "16K unroll4 lean, 32 registers",
-    "16K unroll16 lean, 3 blocks/SM",
-    "16K unroll8 lean 40 registers, one block a chunk",
-    "16K unroll4 lean 32 registers, one block a chunk",
-    "16K unroll8 lean, one block a chunk",
-    "16K unroll16, one block a chunk",
-    "read-only 16K unroll4 (extension)",
-    "read-only 16K unroll4, one block a chunk",
-    "read-only 16K unroll8, one block a chunk",
-    "read-only 16K unroll8 lean 40 registers",
-    "read-only 16K unroll8 lean 40 registers, one block a chunk",
+    Variant("16K unroll4 (extension)", 0, 16384),
+    Variant("16K unroll4, streaming stores", 1, 16384),
+    Variant("16K unroll4, streaming loads+stores", 2, 16384),
+    Variant("16K unroll8", 3, 16384),
+    Variant("4K unroll4 (one trip a chunk)", 4, 4096),
+    Variant("4K unroll4, streaming stores", 5, 4096),
+    Variant("16K unroll4, no block barrier", 6, 16384),
+    Variant("64K unroll4", 7, 65536),
+    Variant("16K unroll4, .lu loads, .cg stores", 8, 16384),
+    Variant("2K unroll2", 9, 2048),
+    Variant("16K unroll8, 40 registers", 10, 16384),
+    Variant("16K unroll4, 32 registers (8 blocks/SM)", 11, 16384),
+    Variant("16K unroll16", 12, 16384),
+    Variant("16K unroll4 pipelined", 13, 16384),
+    Variant("16K unroll8 pipelined", 14, 16384),
+    Variant("16K unroll8, 48 registers", 15, 16384),
+    Variant("16K unroll8, streaming stores", 16, 16384),
+    Variant("16K unroll4, one block a chunk", 0, 16384, -1),
+    Variant("16K unroll8, one block a chunk", 3, 16384, -1),
+    Variant("16K unroll4 lean (unchecked full trips)", 17, 16384),
+    Variant("16K unroll8 lean", 18, 16384),
+    Variant("16K unroll8 lean, 40 registers", 19, 16384),
+    Variant("16K unroll16 lean", 20, 16384),
+    Variant("16K unroll4 lean, 32 registers", 21, 16384),
+    Variant("16K unroll16 lean, 3 blocks/SM", 22, 16384),
+    Variant("16K unroll8 lean 40 registers, one block a chunk", 19, 16384, -1),
+    Variant("16K unroll4 lean 32 registers, one block a chunk", 21, 16384, -1),
+    Variant("16K unroll8 lean, one block a chunk", 18, 16384, -1),
+    Variant("16K unroll16, one block a chunk", 12, 16384, -1),
+    Variant("read-only 16K unroll4 (extension)", 23, 16384),
+    Variant("read-only 16K unroll4, one block a chunk", 23, 16384, -1),
+    Variant("read-only 16K unroll8, one block a chunk", 24, 16384, -1),
+    Variant("read-only 16K unroll8 lean 40 registers", 25, 16384),
+    Variant("read-only 16K unroll8 lean 40 registers, one block a chunk", 25, 16384, -1),
 ]
-# blocks per SM passed to the launcher: 0 = what is resident (the extension's persistent grid), -1 = one per chunk.
-GRID = [0] * 17 + [-1, -1] + [0] * 6 + [-1] * 4 + [0, -1, -1, 0, -1]
-KERNEL = list(range(17)) + [0, 3] + list(range(17, 23)) + [19, 21, 18, 12] + [23, 23, 24, 25, 25]
-CHUNKS = [16384, 16384, 16384, 16384, 4096, 4096, 16384, 65536, 16384, 2048] + [16384] * 24
 
 
 def build() -> ctypes.CDLL:
@@ -84,6 +89,13 @@ def table(tensors: list[torch.Tensor], chunk: int) -> dict[str, torch.Tensor]:
     out = {k: v.cuda() for k, v in out.items()}
     out["partials"] = torch.zeros(len(chunk_tensor), device="cuda")
     return out
+
+
+def launch(dll: ctypes.CDLL, stream: ctypes.c_void_p, v: Variant, t: dict[str, torch.Tensor], scale) -> None:
+    args = [t[k].data_ptr() for k in ("addrs", "numels", "chunk_tensor", "chunk_start")]
+    n = len(t["chunk_tensor"])
+    rc = dll.unscale_probe(v.kernel, *args, n, scale.data_ptr(), t["partials"].data_ptr(), v.blocks_per_sm, stream)
+    assert rc > 0, f"{v.name}: launch failed"
 
 
 def timed_rounds(fns: dict[str, callable], rounds: int = 7, iters: int = 10) -> dict[str, float]:
@@ -130,18 +142,9 @@ def run_set(dll, stream, scale, set_name, grads, src, dst) -> None:
     fns["stock unscale (_amp_foreach_non_finite_check_and_unscale_)"] = lambda: (
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, scale)
     )
-    tables = {c: table(grads, c) for c in set(CHUNKS)}
-    for v, name in enumerate(VARIANTS):
-        t = tables[CHUNKS[v]]
-        args = [t[k].data_ptr() for k in ("addrs", "numels", "chunk_tensor", "chunk_start")]
-
-        def fn(v=v, t=t, args=args):
-            rc = dll.unscale_probe(
-                KERNEL[v], *args, len(t["chunk_tensor"]), scale.data_ptr(), t["partials"].data_ptr(), GRID[v], stream
-            )
-            assert rc > 0, f"variant {v} failed to launch"
-
-        fns[name] = fn
+    tables = {v.chunk: table(grads, v.chunk) for v in VARIANTS}
+    for v in VARIANTS:
+        fns[v.name] = lambda v=v: launch(dll, stream, v, tables[v.chunk], scale)
     ms = timed_rounds(fns)
     copy_gbs = 2 * 4 * 2**28 / (ms[next(iter(fns))] * 1e-3) / 1e9
     print(f"\n== {set_name}: {len(grads)} tensors, {nbytes / 1e9:.2f} GB moved per pass; copy_ {copy_gbs:.0f} GB/s")
@@ -153,17 +156,14 @@ def run_set(dll, stream, scale, set_name, grads, src, dst) -> None:
 
 def check(dll, stream) -> None:
     """Correctness of every variant: one pass with a scale of 2 halves a known tensor exactly."""
-    for v in range(len(VARIANTS)):
-        if VARIANTS[v].startswith("read-only"):
+    two = torch.full((), 2.0, device="cuda")
+    for i, v in enumerate(VARIANTS):
+        if v.name.startswith("read-only"):
             continue
-        probe = [torch.randn(12345 + 7 * v, device="cuda"), torch.randn(3 * 2**16 + 5, device="cuda")]
+        probe = [torch.randn(12345 + 7 * i, device="cuda"), torch.randn(3 * 2**16 + 5, device="cuda")]
         want = [p / 2 for p in probe]
-        t = table(probe, CHUNKS[v])
-        args = [t[k].data_ptr() for k in ("addrs", "numels", "chunk_tensor", "chunk_start")]
-        two = torch.full((), 2.0, device="cuda")
-        n = len(t["chunk_tensor"])
-        dll.unscale_probe(KERNEL[v], *args, n, two.data_ptr(), t["partials"].data_ptr(), GRID[v], stream)
-        assert all(torch.equal(p, w) for p, w in zip(probe, want)), f"variant {v} wrong"
+        launch(dll, stream, v, table(probe, v.chunk), two)
+        assert all(torch.equal(p, w) for p, w in zip(probe, want)), f"{v.name}: wrong"
 
 
 if __name__ == "__main__":
