@@ -3,6 +3,7 @@
 # benchmark module under its own time limit, so that one slow module cannot take the others' results with it.
 # Results (JSON, no PNG: plots are drawn from the JSON afterwards) go to $OUT/results.tgz; logs to $OUT/*.log.
 # Usage (device tool): bash scripts/device_all.sh [TEST_LIMIT_S] [module:limit_s ... | all]
+# TESTS="tests/test_a.py tests/test_b.py" runs only those test files (default: all of tests/).
 # No module named: no benchmark (twice a session spent ~5 min of device time on an unintended full run). `all`:
 # grad_scaler:130 optimizers:40 training:170 scaled_matmul:90, ~11 min, over one call's 10: split it, e.g.
 # `bash scripts/device_all.sh 200 training:200`, then `bash scripts/device_all.sh 0 grad_scaler:130 optimizers:40
@@ -17,7 +18,8 @@ modules=("$@")
 SKIP_TESTS=1 SKIP_BENCH=1 bash scripts/device_run.sh || exit 1
 if [ "$test_limit" -gt 0 ]; then  # 0: no tests (a second call for the remaining benchmarks)
   start=$(date +%s)
-  timeout "$test_limit" python3 -m pytest tests -q -m gpu -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
+  # shellcheck disable=SC2086 # TESTS is a list of paths
+  timeout "$test_limit" python3 -m pytest ${TESTS:-tests} -q -m gpu -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
   echo "tests: exit $? in $(( $(date +%s) - start )) s"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
   tail -n 3 "$OUT/tests.log"
 fi

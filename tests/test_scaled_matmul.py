@@ -185,18 +185,23 @@ def test_strided_and_misaligned_operands(device):
         dict(block_m=32, block_n=32, block_k=16, flatten=True),
         dict(block_m=32, block_n=32, block_k=16, stream_k=True),
         dict(block_m=32, block_n=64, block_k=16, epilogue_split=2, stream_k=True),
+        dict(block_m=32, block_n=32, block_k=16, block_n_tail=16),
+        dict(block_m=32, block_n=64, block_k=16, epilogue_split=2, block_n_tail=16),
     ],
-    ids=["split-epilogue", "flatten", "stream-k", "stream-k-split-epilogue"],
+    ids=["split-epilogue", "flatten", "stream-k", "stream-k-split-epilogue", "tail", "tail-past-the-edge"],
 )
 @pytest.mark.parametrize("force", [None, "pointer"])
 def test_triton_kernel_variants(device, config, force):
     """The config knobs the tuner picks between compute the same function (TMA store split in two, flattened
-    persistent loop, and the pointer kernel on operands that TMA could take)."""
+    persistent loop, stream-K, tiles of block_n + block_n_tail columns, and the pointer kernel on operands that TMA
+    could take). N = 96: "tail" makes 2 tiles of 32 + 16 columns; "tail-past-the-edge" 2 of 64 + 16, the second
+    holding 16 valid columns in its first block and none in its tail."""
     _need_triton(device)
     from ampkernels.triton import scaled_matmul as triton_sm
 
-    if force is None and (config.get("epilogue_split", 1) > 1 or config.get("stream_k")) and device == "cuda":
-        pytest.skip("tiny split-store and stream-K configs are for the interpreter; GPUs tune their own")
+    tuned_on_gpus = config.get("epilogue_split", 1) > 1 or config.get("stream_k") or config.get("block_n_tail")
+    if force is None and tuned_on_gpus and device == "cuda":
+        pytest.skip("tiny split-store, stream-K and tail configs are for the interpreter; GPUs tune their own")
     torch.manual_seed(5)
     cfg = triton_sm.Config(num_stages=2, num_warps=4, group_m=2, **config)
     a, b = _operand(70, 64, torch.float16, device, False), _operand(64, 96, torch.float16, device, True)
@@ -647,6 +652,11 @@ def test_host_and_device_descriptors_agree(device, monkeypatch, fresh_caches):
         (launcher,) = triton_sm._LAUNCHERS.values()
         if launcher.kind == "tma":
             assert launcher.device_desc == (mode == "device")
+            # The tail block's descriptors (b and out) on the same path: tiles of 32 + 16 columns.
+            out = torch.full((40, 48), float("nan"), device=device)
+            cfg = triton_sm.Config(32, 32, 16, 2, 4, group_m=2, block_n_tail=16)
+            triton_sm.scaled_mm_(a, b, scale, 3, 1.0, None, out, False, None, config=cfg)
+            results[mode + " tail"] = out
     for result in results.values():
         assert _rel_err(result, _ref64(a, b, scale)) < 1e-5
 
@@ -701,6 +711,9 @@ def test_direct_launch_reuses_the_jit_arguments(monkeypatch, fresh_caches, compi
     if triton_sm is None:
         pytest.skip("triton is not usable")
     log = []
+    alpha_index = {kind: kernel.arg_names.index("alpha") for kind, kernel in (
+        ("pointer", triton_sm._scaled_mm_ptr_kernel), ("tma", triton_sm._scaled_mm_tma_kernel)
+    )}  # fmt: skip
     monkeypatch.setenv("AMPKERNELS_TRITON_DIRECT_LAUNCH", "1")
     monkeypatch.setattr(triton_sm, "_CompiledKernel", _FakeCompiled)
     fake = _FakeJit(log, _FakeCompiled(log) if compiled_ok else None)
@@ -717,7 +730,7 @@ def test_direct_launch_reuses_the_jit_arguments(monkeypatch, fresh_caches, compi
     first, later = log[0][2], log[2][2]
     assert len(first) == len(later)  # the same positional layout; only alpha and the tensors differ
     (launcher,) = triton_sm._LAUNCHERS.values()
-    alpha_at = 6 if launcher.kind == "pointer" else 9  # after the pointers (TMA: descriptors, stream-K buffers)
+    alpha_at = alpha_index[launcher.kind]  # after the pointers (TMA: descriptors, stream-K buffers)
     assert first[alpha_at] == 1.0
     assert later[alpha_at] == 3.0
     plain = (int, float, type(None))  # the constants (tensors and host descriptors change per call)
@@ -750,6 +763,7 @@ def test_every_candidate_config_on_gpu(dtype):
         triton_sm.HOPPER_TMA_CONFIGS
         + triton_sm.HOPPER_FEW_TILES_CONFIGS
         + triton_sm.HOPPER_STREAM_K_CONFIGS
+        + triton_sm.HOPPER_TAIL_CONFIGS
         + triton_sm.POINTER_CONFIGS
     )
     for cfg in configs:
