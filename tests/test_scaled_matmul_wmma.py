@@ -32,7 +32,7 @@ IN_DTYPES = [
 OUT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 LAYOUTS = [(True, True), (True, False), (False, True), (False, False)]  # (a row-major, b row-major)
 # AMPKERNELS_WMMA_TILE values the launcher knows (csrc/cuda/scaled_matmul_wmma.cu)
-TILES = ["128x128x32w4", "128x128x64w4", "128x128x64w4db", "128x128x64w4bulk", "portable"]
+TILES = ["128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]
 
 
 def matrix(rows: int, cols: int, dtype, row_major: bool = True, device="cuda", scale: float = 1.0) -> torch.Tensor:
@@ -132,26 +132,6 @@ def test_every_tile_configuration(tile, layout, dtype, monkeypatch):
     b = matrix(264, 520, dtype, layout[1])
     run_and_check(a, b, mode=3, bias_dtype=torch.float32, out_dtype=torch.float32, accumulate=True)
     run_and_check(matrix(130, 72, dtype, layout[0]), matrix(72, 136, dtype, layout[1]), mode=2)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "rc", "cr", "cc"])
-@pytest.mark.parametrize("dtype", IN_DTYPES)
-@pytest.mark.gpu
-@needs_op
-def test_bulk_copy_kernel_on_whole_tiles(dtype, layout, monkeypatch):
-    """The sm_90 bulk-copy kernel takes shapes of whole 128x128x64 tiles (elsewhere the launcher falls back, which
-    test_every_tile_configuration covers): 10 k-tiles cycle its 3 stages' mbarriers through both parities."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("bulk copies need sm_90")
-    monkeypatch.setenv("AMPKERNELS_WMMA_TILE", "128x128x64w4bulk")
-    a, b = matrix(384, 640, dtype, layout[0]), matrix(640, 256, dtype, layout[1])
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        run_and_check(a, b, mode=3, bias_dtype=torch.float32, out_dtype=torch.float32, accumulate=True)
-    names = [event.name for event in prof.events()]
-    assert any("64, 3, 2, 2, true>" in name for name in names), "the bulk-copy kernel did not run"
-    flag = torch.zeros(1, device="cuda")
-    run_and_check(a, b, mode=1, alpha=0.5, found_inf=flag)
-    assert flag.item() == 0.0
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2, 3])

@@ -36,8 +36,6 @@ extern template void launch_tuned<__half, CfgX>(const Params&, bool, bool, int, 
 extern template void launch_tuned<__nv_bfloat16, CfgX>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__half, CfgXD>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgXD>(const Params&, bool, bool, int, cudaStream_t);
-extern template void launch_tuned<__half, CfgXB>(const Params&, bool, bool, int, cudaStream_t);
-extern template void launch_tuned<__nv_bfloat16, CfgXB>(const Params&, bool, bool, int, cudaStream_t);
 
 namespace {
 
@@ -77,15 +75,9 @@ int64_t num_tiles(const Params& p) {
   return int64_t((p.M + C::BM - 1) / C::BM) * ((p.N + C::BN - 1) / C::BN);
 }
 
-// Bulk-copy configurations stage whole tiles without bounds checks: sm_90, and every tile and k-tile inside.
-template <typename C>
-bool bulk_ok(const Params& p, const DeviceInfo& info) {
-  return info.major >= 9 && p.M % C::BM == 0 && p.N % C::BN == 0 && p.K % C::BK == 0 && p.K > 0;
-}
-
 template <typename T, typename C>
 bool try_tuned(Params& p, const DeviceInfo& info, int dev, cudaStream_t stream) {
-  if (!fits<C>(info.max_smem) || (C::kBulk && !bulk_ok<C>(p, info))) return false;
+  if (!fits<C>(info.max_smem)) return false;
   set_tiles<C>(p);
   launch_tuned<T, C>(p, p.row_a, p.row_b, dev, stream);
   return true;
@@ -95,14 +87,13 @@ template <typename T>
 void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
   const DeviceInfo info = device_info(dev);
   // NOTE: AMPKERNELS_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x128x32w4,
-  // 128x128x64w4, 128x128x64w4db, 128x128x64w4bulk (where it applies, else auto), portable.
+  // 128x128x64w4, 128x128x64w4db, portable.
   const char* forced = std::getenv("AMPKERNELS_WMMA_TILE");
   const std::string tile = forced != nullptr ? forced : "auto";
   if (info.major >= 8 && vec && tile != "portable") {
     if (tile == "128x128x32w4" && try_tuned<T, CfgW>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4" && try_tuned<T, CfgX>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4db" && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
-    if (tile == "128x128x64w4bulk" && try_tuned<T, CfgXB>(p, info, dev, stream)) return;
     // auto, by waves of two blocks per SM. NOTE (H200, dev/wmma/NOTES.md run 3, bf16 TFLOP/s): 2 waves or more
     // 128x128x64w4db (8192^3: 357 vs 302 single-buffered); 1-2 waves 128x128x64w4 (8192x768x3072: 247 vs 225);
     // fewer 128x128x32w4 (768x3072x8192, 144 tiles: 213 vs 160).

@@ -56,22 +56,14 @@ struct Params {
 
 // FRAG_BUFFERS_ 2: the fragments of the next 16-deep k-step are loaded (ldmatrix) while this one's mma run, also
 // across k-tiles (the barrier moves to the last k-step of a tile), so no warp waits on a fragment load.
-// BULK_ (sm_90, tiles wholly inside the matrices, K % BK == 0): one warp stages each k-tile with one bulk copy per
-// tile row (cp.async.bulk, completion counted in bytes on a per-stage mbarrier) instead of every thread issuing
-// 16-byte cp.async copies. NOTE (H200, dev/wmma/NOTES.md run 5): the 16 LDGSTS a thread issues per k-tile and the
-// integer math of their addresses were 4% + ~30% of the executed instructions, and two thirds of the long-scoreboard
-// stalls sat on instructions rewriting the address registers of pending LDGSTS.
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int MIN_BLOCKS_, int FRAG_BUFFERS_ = 1,
-          bool BULK_ = false>
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int MIN_BLOCKS_, int FRAG_BUFFERS_ = 1>
 struct Config {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
   static constexpr int kMinBlocks = MIN_BLOCKS_, kFragBuffers = FRAG_BUFFERS_;
-  static constexpr bool kBulk = BULK_;
   static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int FM = WM / 16, FN = WN / 16;
   static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "tile shape");
-  static_assert(!BULK_ || FRAG_BUFFERS_ == 2, "bulk copies are wired into the double-buffered main loop only");
 };
 
 // Tuned configurations (sm_80+, aligned operands), chosen by the launcher, and the portable one. The tuned ones are
@@ -81,7 +73,6 @@ struct Config {
 using CfgW = Config<128, 128, 32, 64, 64, 4, 2>;      // 74 KB x 2 blocks
 using CfgX = Config<128, 128, 64, 64, 64, 3, 2>;      // 108 KB x 2 blocks: half the barriers per FLOP of W
 using CfgXD = Config<128, 128, 64, 64, 64, 3, 2, 2>;  // X with double-buffered fragments
-using CfgXB = Config<128, 128, 64, 64, 64, 3, 2, 2, true>;  // XD staged by bulk row copies (sm_90)
 using CfgP = Config<128, 128, 32, 64, 32, 2, 1>;  // portable: 40 KB, fits sm_75's 48 KB without opting in
 
 // Shared-memory elements of one stage of a tile of `rows` strided rows of `cols` contiguous elements, padded.
@@ -113,67 +104,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
-}
-
-// sm_90 bulk copies and their mbarriers (one per pipeline stage, arrival count 1: the producer's expect_tx).
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-#endif
-}
-
-// Makes the initialized barriers visible to the async proxy (the bulk copies' completions) and to the other threads.
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-// The producer's arrival: this phase completes once `bytes` more bytes have landed.
-__device__ __forceinline__ void mbar_arrive_expect_bytes(uint64_t* bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-#endif
-}
-
-// Waits until the barrier's phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-#endif
-}
-
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory, counted on `bar`.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-#endif
-}
-
-// Stages the ROWS x COLS tile at g (rows strided by ld, wholly inside the matrix) into a padded shared tile, one
-// bulk copy per row, issued by the lanes of one warp.
-template <int ROWS, int COLS>
-__device__ __forceinline__ void load_tile_bulk(uint16_t* smem, const uint16_t* g, int64_t ld, int lane,
-                                               uint64_t* bar) {
-  static_assert((COLS * 2) % 16 == 0 && ((COLS + kPad) * 2) % 16 == 0, "bulk copies move 16-byte multiples");
-#pragma unroll
-  for (int r = lane; r < ROWS; r += 32) bulk_copy(smem + r * (COLS + kPad), g + r * ld, COLS * 2, bar);
 }
 
 // Copies the first `valid` (0..8) halfs of the 16 aligned bytes at src to dst and zero-fills the rest.
@@ -369,27 +299,10 @@ __device__ __forceinline__ void load_frag(nvcuda::wmma::fragment<Use, 16, 16, 16
 
 // Stages k-tile kt of A and B into one pipeline stage (a_st, b_st).
 // `interior`: the block's output tile lies inside [0, M) x [0, N) (its k-tiles are checked here).
-// C::kBulk: warp 0 alone issues the copies (the launcher guarantees interior tiles and whole k-tiles), counted on
-// `full` (this stage's mbarrier); the other warps return at once.
 template <typename C, bool kRowA, bool kRowB, bool kVec>
 __device__ __forceinline__ void load_stage(const Params& p, uint16_t* a_st, uint16_t* b_st, int m0, int n0, int kt,
-                                           int tid, bool interior, uint64_t* full = nullptr) {
+                                           int tid, bool interior) {
   const int k0 = kt * C::BK;
-  if constexpr (C::kBulk) {
-    if (tid >= 32) return;
-    constexpr unsigned kBytes = (C::BM * C::BK + C::BK * C::BN) * 2;
-    if (tid == 0) mbar_arrive_expect_bytes(full, kBytes);  // before any copy of this stage can complete
-    __syncwarp();
-    if constexpr (kRowA)
-      load_tile_bulk<C::BM, C::BK>(a_st, p.a + m0 * p.lda + k0, p.lda, tid, full);
-    else
-      load_tile_bulk<C::BK, C::BM>(a_st, p.a + k0 * p.lda + m0, p.lda, tid, full);
-    if constexpr (kRowB)
-      load_tile_bulk<C::BK, C::BN>(b_st, p.b + k0 * p.ldb + n0, p.ldb, tid, full);
-    else
-      load_tile_bulk<C::BN, C::BK>(b_st, p.b + n0 * p.ldb + k0, p.ldb, tid, full);
-    return;
-  }
   if constexpr (kVec) {
     if (interior && k0 + C::BK <= p.K) {
       if constexpr (kRowA)
@@ -456,34 +369,11 @@ __device__ __forceinline__ void gemm_body(const Params& p) {
 
   const int num_k = (p.K + C::BK - 1) / C::BK;
   const bool interior = m0 + C::BM <= p.M && n0 + C::BN <= p.N;
-  // kBulk: full[s] completes a phase each time stage s has been filled (the n-th fill of a stage: parity n & 1).
-  __shared__ uint64_t full[C::kBulk ? C::STAGES : 1];
-  if constexpr (C::kBulk) {
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < C::STAGES; ++s) mbar_init(&full[s], 1);
-      mbar_init_fence();
-    }
-    __syncthreads();
-  }
-  auto stage_bar = [&](int st) { return C::kBulk ? &full[st] : nullptr; };
 #pragma unroll
   for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < num_k)
-      load_stage<C, kRowA, kRowB, kVec>(p, sA + s * kA, sB + s * kB, m0, n0, s, tid, interior, stage_bar(s));
+    if (s < num_k) load_stage<C, kRowA, kRowB, kVec>(p, sA + s * kA, sB + s * kB, m0, n0, s, tid, interior);
     cp_async_commit();
   }
-  // Tile kt has landed in its stage for every thread (and, through the barrier, every warp is done with the stage
-  // the next copies overwrite).
-  auto wait_tile = [&](int kt) {
-    if constexpr (C::kBulk) {
-      __syncthreads();
-      mbar_wait(&full[kt % C::STAGES], (kt / C::STAGES) & 1);
-    } else {
-      cp_async_wait<C::STAGES - 2>();
-      __syncthreads();
-    }
-  };
   const T* tiles = reinterpret_cast<const T*>(smem_raw);
   // Where fragment i of A, and fragment j of B, of k-step kk start in a stage's tiles a_st / b_st.
   auto a_frag = [&](const T* a_st, int i, int kk) {
@@ -509,14 +399,15 @@ __device__ __forceinline__ void gemm_body(const Params& p) {
     };
     wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[2][C::FM];
     wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb[2][C::FN];
-    wait_tile(0);
+    cp_async_wait<C::STAGES - 2>();
+    __syncthreads();
     if (num_k > 0) load_frags(fa[0], fb[0], 0, 0);
     for (int kt = 0; kt < num_k; ++kt) {
       // Stage (kt - 1) % STAGES is free: every warp read its last fragments before the barrier of tile kt - 1.
       const int next = kt + C::STAGES - 1;
       if (next < num_k) {
         const int st = next % C::STAGES;
-        load_stage<C, kRowA, kRowB, kVec>(p, sA + st * kA, sB + st * kB, m0, n0, next, tid, interior, stage_bar(st));
+        load_stage<C, kRowA, kRowB, kVec>(p, sA + st * kA, sB + st * kB, m0, n0, next, tid, interior);
       }
       cp_async_commit();
       const int st = kt % C::STAGES;
@@ -526,8 +417,10 @@ __device__ __forceinline__ void gemm_body(const Params& p) {
         if (kk + 1 < kSteps) {
           load_frags(fa[cur ^ 1], fb[cur ^ 1], st, (kk + 1) * 16);
         } else if (kt + 1 < num_k) {
-          // The fragments of tile kt + 1's first k-step load while this tile's last k-step multiplies.
-          wait_tile(kt + 1);
+          // Tile kt + 1 has landed for every thread after these two; the fragments of its first k-step load while
+          // this tile's last k-step multiplies.
+          cp_async_wait<C::STAGES - 2>();
+          __syncthreads();
           load_frags(fa[cur ^ 1], fb[cur ^ 1], (kt + 1) % C::STAGES, 0);
         }
 #pragma unroll
@@ -600,14 +493,12 @@ __device__ __forceinline__ void gemm_body(const Params& p) {
   if (p.found_inf != nullptr && __any_sync(0xffffffffu, bad) && lane == 0) *p.found_inf = 1.f;
 }
 
-// sm_80 is needed by bf16 wmma and by the tuned path (cp.async, > 48 KB of shared memory), sm_90 by the bulk copies;
-// the launcher never picks those kernels below that, and their builds for older targets are empty.
+// sm_80 is needed by bf16 wmma and by the tuned path (cp.async, > 48 KB of shared memory); the launcher never picks
+// those kernels below it, and their builds for older targets are empty.
 template <typename T, typename C, bool kRowA, bool kRowB, bool kVec>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) scaled_matmul_wmma_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   if constexpr (!kVec && std::is_same<T, __half>::value) gemm_body<T, C, kRowA, kRowB, kVec>(p);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if constexpr (!C::kBulk) gemm_body<T, C, kRowA, kRowB, kVec>(p);
 #else
   gemm_body<T, C, kRowA, kRowB, kVec>(p);
 #endif

@@ -16,7 +16,7 @@ from ampkernels import _backend  # noqa: E402
 
 _backend.native()
 OP = torch.ops.ampkernels.scaled_matmul_wmma_
-TILES = ["auto", "128x128x32w4", "128x128x64w4", "128x128x64w4db", "128x128x64w4bulk", "portable"]
+TILES = ["auto", "128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]
 
 
 def timed(fn, reps: int) -> float:
