@@ -1,0 +1,107 @@
+"""The N=768 transformer shapes, where the Triton kernel trails cuBLAS (0.68-0.84x in the benchmark): every candidate
+tiling in one process, against torch.mm, with and without an L2 flush between runs.
+
+Questions:
+1. Stream-K with 132 programs took 0.073 ms on 3072x768x8192 in one run and 0.113 in another (same code). Its
+   programs wait for lower-numbered ones, so all 132 must be resident at once: one SM that is late (still running
+   the previous kernel) delays the programs that wait on it. Does a grid of fewer programs than SMs (128, 120) keep
+   the time stable?
+2. Which 128x128 pipeline (4 or 5 stages, flattened tile loop) serves 8192x768 best (384 tiles: 2.9 waves)?
+
+python3 dev/n768_probe.py   (GPU machine, after the build; PYTHONPATH=repository root)
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import triton.testing
+
+from ampkernels.triton import scaled_matmul as sm
+
+# (M, N, K, layout): the benchmark's N=768 cases (fwd: b = W.T view; grad-wt: a = dy.T view).
+SHAPES = [(3072, 768, 8192, "grad-wt"), (8192, 768, 3072, "grad-in"), (8192, 768, 3072, "fwd")]
+VARIANTS = [
+    ("128x256 s3 split2", sm.Config(128, 256, 64, 3, 8, epilogue_split=2), None),
+    ("128x256 s3 split2 flat", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, flatten=True), None),
+    ("128x128 s4", sm.Config(128, 128, 64, 4, 8), None),
+    ("128x128 s4 flat", sm.Config(128, 128, 64, 4, 8, flatten=True), None),
+    ("128x128 s5", sm.Config(128, 128, 64, 5, 8), None),
+    ("128x128+64 s4", sm.Config(128, 128, 64, 4, 8, block_n_tail=64), None),
+    ("streamk 128x256, 132 programs", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), None),
+    ("streamk 128x256, 128 programs", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), 128),
+    ("streamk 128x256, 120 programs", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), 120),
+    ("streamk 128x128 s4, 132 programs", sm.Config(128, 128, 64, 4, 8, stream_k=True), None),
+    ("streamk 128x128 s4, 128 programs", sm.Config(128, 128, 64, 4, 8, stream_k=True), 128),
+]
+
+
+def operands(M, N, K, layout):
+    a = torch.randn(K, M, device="cuda").bfloat16().t() if layout == "grad-wt" else torch.randn(M, K, device="cuda")
+    b = torch.randn(N, K, device="cuda").bfloat16().t() if layout == "fwd" else torch.randn(K, N, device="cuda")
+    return a.bfloat16(), b.bfloat16()
+
+
+def launcher(p, plan, cfg, programs):
+    """The benchmark's launcher, with the stream-K grid cut to `programs` when given."""
+    run = sm._Launcher(p, plan, cfg, direct=False)
+    if programs is not None and cfg.stream_k:
+        names = sm._scaled_mm_tma_kernel.arg_names
+        first = names.index("M")
+        num_tiles = triton.cdiv(p.a.shape[0], cfg.block_m) * triton.cdiv(p.b.shape[1], cfg.block_n)
+        tail = list(run.tail)
+        tail[names.index("NUM_PROGRAMS") - first] = programs
+        tail[names.index("stream_k_tiles") - first] = num_tiles % programs if num_tiles > programs else num_tiles
+        run.tail = tuple(tail)
+        run.grid = (programs,)
+        run.partials_numel = programs * cfg.block_m * cfg.block_n
+    return run
+
+
+def back_to_back(fn, reps=200):
+    """Median ms per call of `reps` launches between two events (no flush: L2 keeps the operands)."""
+    fn()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return statistics.median(times)
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), torch.__version__, "triton", triton.__version__)
+    for M, N, K, layout in SHAPES:
+        a, b = operands(M, N, K, layout)
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        ref = a.float() @ b.float()
+        flops = 2 * M * N * K
+        rows = [("cuBLAS torch.mm", lambda a=a, b=b: torch.mm(a, b))]
+        p = sm.Problem(a, b, None, 0, 1.0, None, out, False, None)
+        plan = sm.plan_for(a, b, out)
+        for name, cfg, programs in VARIANTS:
+            run = launcher(p, plan, cfg, programs)
+            rows.append((name, lambda run=run, a=a, b=b, out=out: run(a, b, None, 1.0, None, out, None)))
+        for name, fn in rows:
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile is reported, not fatal
+                print(f"{M}x{N}x{K} {layout:8s} {name:34s} failed: {type(exc).__name__}: {str(exc)[:80]}")
+                continue
+            err = "" if name.startswith("cuBLAS") else f"rel err {((out.float() - ref).norm() / ref.norm()).item():.1e}"
+            flushed = triton.testing.do_bench(fn, warmup=10, rep=50)
+            warm = back_to_back(fn)
+            print(
+                f"{M}x{N}x{K} {layout:8s} {name:34s} flushed {flushed:.4f} ms ({flops / flushed / 1e9:4.0f} TFLOP/s)"
+                f"  back-to-back {warm:.4f} ms  {err}"
+            )
+
+
+if __name__ == "__main__":
+    main()
