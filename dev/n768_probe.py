@@ -28,7 +28,7 @@ VARIANTS = [
     ("128x128 s4", sm.Config(128, 128, 64, 4, 8), None),
     ("128x128 s4 flat", sm.Config(128, 128, 64, 4, 8, flatten=True), None),
     ("128x128 s5", sm.Config(128, 128, 64, 5, 8), None),
-    ("128x128+64 s4", sm.Config(128, 128, 64, 4, 8, block_n_tail=64), None),
+    ("128x128 s5 flat", sm.Config(128, 128, 64, 5, 8, flatten=True), None),
     ("streamk 128x256, 132 programs", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), None),
     ("streamk 128x256, 128 programs", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), 128),
     ("streamk 128x256, 120 programs", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), 120),

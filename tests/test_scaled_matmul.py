@@ -185,23 +185,18 @@ def test_strided_and_misaligned_operands(device):
         dict(block_m=32, block_n=32, block_k=16, flatten=True),
         dict(block_m=32, block_n=32, block_k=16, stream_k=True),
         dict(block_m=32, block_n=64, block_k=16, epilogue_split=2, stream_k=True),
-        dict(block_m=32, block_n=32, block_k=16, block_n_tail=16),
-        dict(block_m=32, block_n=64, block_k=16, epilogue_split=2, block_n_tail=16),
     ],
-    ids=["split-epilogue", "flatten", "stream-k", "stream-k-split-epilogue", "tail", "tail-past-the-edge"],
+    ids=["split-epilogue", "flatten", "stream-k", "stream-k-split-epilogue"],
 )
 @pytest.mark.parametrize("force", [None, "pointer"])
 def test_triton_kernel_variants(device, config, force):
     """The config knobs the tuner picks between compute the same function (TMA store split in two, flattened
-    persistent loop, stream-K, tiles of block_n + block_n_tail columns, and the pointer kernel on operands that TMA
-    could take). N = 96: "tail" makes 2 tiles of 32 + 16 columns; "tail-past-the-edge" 2 of 64 + 16, the second
-    holding 16 valid columns in its first block and none in its tail."""
+    persistent loop, stream-K, and the pointer kernel on operands that TMA could take)."""
     _need_triton(device)
     from ampkernels.triton import scaled_matmul as triton_sm
 
-    tuned_on_gpus = config.get("epilogue_split", 1) > 1 or config.get("stream_k") or config.get("block_n_tail")
-    if force is None and tuned_on_gpus and device == "cuda":
-        pytest.skip("tiny split-store, stream-K and tail configs are for the interpreter; GPUs tune their own")
+    if force is None and (config.get("epilogue_split", 1) > 1 or config.get("stream_k")) and device == "cuda":
+        pytest.skip("tiny split-store and stream-K configs are for the interpreter; GPUs tune their own")
     torch.manual_seed(5)
     cfg = triton_sm.Config(num_stages=2, num_warps=4, group_m=2, **config)
     a, b = _operand(70, 64, torch.float16, device, False), _operand(64, 96, torch.float16, device, True)
@@ -652,11 +647,6 @@ def test_host_and_device_descriptors_agree(device, monkeypatch, fresh_caches):
         (launcher,) = triton_sm._LAUNCHERS.values()
         if launcher.kind == "tma":
             assert launcher.device_desc == (mode == "device")
-            # The tail block's descriptors (b and out) on the same path: tiles of 32 + 16 columns.
-            out = torch.full((40, 48), float("nan"), device=device)
-            cfg = triton_sm.Config(32, 32, 16, 2, 4, group_m=2, block_n_tail=16)
-            triton_sm.scaled_mm_(a, b, scale, 3, 1.0, None, out, False, None, config=cfg)
-            results[mode + " tail"] = out
     for result in results.values():
         assert _rel_err(result, _ref64(a, b, scale)) < 1e-5
 
@@ -747,6 +737,22 @@ def test_direct_launch_can_be_disabled(monkeypatch):
     assert triton_sm._direct_runner(object(), (1,)) is None
 
 
+def test_candidates_fit_in_shared_memory():
+    """The tuner's shared-memory estimate keeps what compiled on the H200 and drops what did not: 128x256x64 with 4
+    stages fits only with a 16-bit output stored in halves (192 KB ring + 32 KB), with 3 stages any output."""
+    triton_sm = _triton_module()
+    if triton_sm is None:
+        pytest.skip("triton is not usable")
+    fits = lambda cfg, out_bytes: triton_sm._shared_bytes(cfg, out_bytes) <= triton_sm.HOPPER_SHARED_BYTES  # noqa: E731
+    four = triton_sm.Config(128, 256, 64, 4, 8, epilogue_split=2)
+    three = triton_sm.Config(128, 256, 64, 3, 8, epilogue_split=2)
+    assert fits(four, 2) and not fits(four, 4)
+    assert not fits(triton_sm.Config(128, 256, 64, 4, 8), 2)
+    assert fits(three, 2) and fits(three, 4)
+    for cfg in triton_sm.HOPPER_TMA_CONFIGS + triton_sm.HOPPER_IDLE_TAIL_CONFIGS:
+        assert fits(cfg, 2), cfg.describe()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
 def test_every_candidate_config_on_gpu(dtype):
@@ -763,7 +769,7 @@ def test_every_candidate_config_on_gpu(dtype):
         triton_sm.HOPPER_TMA_CONFIGS
         + triton_sm.HOPPER_FEW_TILES_CONFIGS
         + triton_sm.HOPPER_STREAM_K_CONFIGS
-        + triton_sm.HOPPER_TAIL_CONFIGS
+        + triton_sm.HOPPER_IDLE_TAIL_CONFIGS
         + triton_sm.POINTER_CONFIGS
     )
     for cfg in configs:
@@ -773,6 +779,29 @@ def test_every_candidate_config_on_gpu(dtype):
             triton_sm.scaled_mm_(a, b, scale, 3, 1.0, bias, out, False, flag, config=cfg, force=force)
             assert _rel_err(out, expected) < 1e-5, cfg.describe()
             assert flag.item() == 0.0
+
+
+@pytest.mark.gpu
+def test_tuning_times_every_candidate_and_keeps_the_fastest(monkeypatch, fresh_caches):
+    """The tuner (normally for problems of 2^30 multiply-adds and more) times each candidate through the direct
+    launcher, records the timings, and the call then runs the fastest config correctly."""
+    triton_sm = _triton_module()
+    if triton_sm is None or not torch.cuda.is_available():
+        pytest.skip("needs triton on a GPU")
+    monkeypatch.setattr(triton_sm, "TUNE_MIN_MACS", 0)
+    monkeypatch.setattr(triton_sm, "_TUNED", {})
+    monkeypatch.setattr(triton_sm, "TUNING_LOG", [])
+    torch.manual_seed(27)
+    a, b = _operand(300, 264, torch.bfloat16, "cuda", False), _operand(264, 520, torch.bfloat16, "cuda", True)
+    scale = torch.tensor(0.5, device="cuda")
+    out = scaled_matmul(a, b, scale, backend="triton")
+    (entry,) = triton_sm.TUNING_LOG
+    plan = triton_sm.plan_for(a, b, out)
+    candidates = triton_sm._candidates(plan, out, 300, 520)
+    assert sorted(entry["ms"]) == sorted(c.describe() for c in candidates)
+    assert all(ms > 0 for ms in entry["ms"].values())
+    assert entry["best"] == min(entry["ms"], key=entry["ms"].get)
+    _assert_accuracy(out, _stock(a, b, scale, None, out.dtype), _ref64(a, b, scale), interpreted_bf16_out=False)
 
 
 @pytest.mark.gpu

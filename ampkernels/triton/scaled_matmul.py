@@ -165,38 +165,6 @@ def _tile_product(
 
 
 @triton.jit
-def _tile_product_with_tail(
-    a_desc, b_desc, b_tail_desc, off_m, off_n, k_tiles,
-    A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """One output tile of BLOCK_N + BLOCK_N_TAIL columns (e.g. 128 + 64 = 192, which Triton's power-of-two blocks
-    cannot express) as two products sharing each A tile: columns [off_n, off_n + BLOCK_N) and the tail after them."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_tail = tl.zeros((BLOCK_M, BLOCK_N_TAIL), dtype=tl.float32)
-    off_tail = off_n + BLOCK_N
-    for ki in range(0, k_tiles):
-        off_k = ki * BLOCK_K
-        if A_COL_MAJOR:
-            a = a_desc.load([off_k, off_m]).T
-        else:
-            a = a_desc.load([off_m, off_k])
-        if B_COL_MAJOR:
-            b = b_desc.load([off_n, off_k]).T
-            b_tail = b_tail_desc.load([off_tail, off_k]).T
-        else:
-            b = b_desc.load([off_k, off_n])
-            b_tail = b_tail_desc.load([off_k, off_tail])
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-            b_tail = b_tail.to(tl.float32)
-        acc = tl.dot(a, b, acc)
-        acc_tail = tl.dot(a, b_tail, acc_tail)
-    return acc, acc_tail
-
-
-@triton.jit
 def _halves_along_n(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The left and right [BLOCK_M, BLOCK_N // 2] halves of a tile (stored, or finished, one at a time)."""
     return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
@@ -262,9 +230,7 @@ def _add_partials(acc, partials_ptr, flags_ptr, first, pid, offsets, TILE: tl.co
 def _scaled_mm_tma_kernel(
     a_desc,
     b_desc,
-    b_tail_desc,
     out_desc,
-    out_tail_desc,
     out_ptr,
     scale_ptr,
     bias_ptr,
@@ -289,7 +255,6 @@ def _scaled_mm_tma_kernel(
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_N_TAIL: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr,
@@ -301,15 +266,9 @@ def _scaled_mm_tma_kernel(
     """Persistent TMA matmul. Descriptors: a [M, K] (A_COL_MAJOR: [K, M] storage), b [K, N] (B_COL_MAJOR: [N, K]
     storage), out [M, N] with block [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT]. OOB tiles read as zeros (K tail too).
 
-    DEVICE_DESC: ``a_desc``/``b_desc`` are the operands' pointers (``out_desc``/``*_tail_desc`` are unused) and the
-    descriptors are built here from them and ``stride_a``/``stride_b``/``stride_om`` (leading strides of the
-    storage), in the global scratch that ``triton.set_allocator`` provides; otherwise all are host
-    ``TensorDescriptor``s.
-
-    BLOCK_N_TAIL > 0: tiles are BLOCK_N + BLOCK_N_TAIL wide, computed and stored as two blocks (the tail through
-    ``b_tail_desc``/``out_tail_desc``, blocks [BLOCK_K, BLOCK_N_TAIL] and [BLOCK_M, BLOCK_N_TAIL]). 768 columns are
-    4 tiles of 128 + 64, so 8192x768 makes 256 tiles (1.94 waves on 132 SMs) where 128x256 makes 192 (1.45).
-    Not combined with STREAM_K.
+    DEVICE_DESC: ``a_desc``/``b_desc`` are the operands' pointers (``out_desc`` is unused) and the descriptors are
+    built here from them and ``stride_a``/``stride_b``/``stride_om`` (leading strides of the storage), in the
+    global scratch that ``triton.set_allocator`` provides; otherwise all three are host ``TensorDescriptor``s.
 
     STREAM_K: the k-iterations of the first ``stream_k_tiles`` tiles are cut into NUM_PROGRAMS equal ranges, one
     per program, then the other tiles go round-robin whole (a tile count that is not a multiple of the SM count
@@ -320,13 +279,6 @@ def _scaled_mm_tma_kernel(
     waits for any, and waits only for lower-numbered programs (run first under the interpreter, resident first on
     the GPU), so the waits cannot form a cycle."""
     if DEVICE_DESC:
-        if BLOCK_N_TAIL > 0:  # before b_desc, the pointer, is replaced by its descriptor
-            if B_COL_MAJOR:
-                b_tail_desc = tl.make_tensor_descriptor(b_desc, [N, K], [stride_b, 1], [BLOCK_N_TAIL, BLOCK_K])
-            else:
-                b_tail_desc = tl.make_tensor_descriptor(b_desc, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N_TAIL])
-            if OUT_TMA:
-                out_tail_desc = tl.make_tensor_descriptor(out_ptr, [M, N], [stride_om, 1], [BLOCK_M, BLOCK_N_TAIL])
         if A_COL_MAJOR:
             a_desc = tl.make_tensor_descriptor(a_desc, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
         else:
@@ -338,7 +290,7 @@ def _scaled_mm_tma_kernel(
         if OUT_TMA:
             out_desc = tl.make_tensor_descriptor(out_ptr, [M, N], [stride_om, 1], [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT])
     num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N + BLOCK_N_TAIL)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
     first_whole_tile = 0
@@ -398,20 +350,10 @@ def _scaled_mm_tma_kernel(
     for tile_id in tl.range(first_whole_tile + tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
-        off_n = pid_n * (BLOCK_N + BLOCK_N_TAIL)
-        if BLOCK_N_TAIL > 0:
-            acc, acc_tail = _tile_product_with_tail(
-                a_desc, b_desc, b_tail_desc, off_m, off_n, k_tiles,
-                A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_N_TAIL, BLOCK_K,
-            )  # fmt: skip
-            _epilogue_tma(
-                acc_tail, off_m, off_n + BLOCK_N, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_tail_desc,
-                out_ptr, stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N_TAIL,
-            )  # fmt: skip
-        else:
-            acc = _tile_product(
-                a_desc, b_desc, off_m, off_n, 0, k_tiles, A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
+        off_n = pid_n * BLOCK_N
+        acc = _tile_product(
+            a_desc, b_desc, off_m, off_n, 0, k_tiles, A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
         _store_tile(
             acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
             found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
@@ -500,19 +442,9 @@ class Config:
     flatten: bool = False  # TMA kernel: tl.range(flatten=True) lets the next tile's loads overlap this epilogue
     programs_per_sm: int = 1
     stream_k: bool = False  # TMA kernel: the last partial wave's tiles shared out by k-iterations (see the kernel)
-    block_n_tail: int = 0  # TMA kernel: tiles block_n + block_n_tail wide, as two products (the pointer kernel: 0)
-
-    def __post_init__(self) -> None:
-        if self.block_n_tail and self.stream_k:
-            raise ValueError("Config: block_n_tail and stream_k are not combined")
-
-    @property
-    def tile_n(self) -> int:
-        return self.block_n + self.block_n_tail
 
     def describe(self) -> str:
         extra = f" split{self.epilogue_split}" if self.epilogue_split > 1 else ""
-        extra += f" +{self.block_n_tail}" if self.block_n_tail else ""
         extra += " flat" if self.flatten else ""
         extra += " streamk" if self.stream_k else ""
         return (
@@ -544,13 +476,13 @@ HOPPER_STREAM_K_CONFIGS = (
     Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True),
     Config(128, 128, 64, 4, 8, stream_k=True),
 )
-# The same idle tail, with tiles whose width divides 768 into a whole number of waves: 128 + 64 columns (8192x768:
-# 256 tiles, 1.94 waves) and 128 + 32 (3072x768: 120 tiles, one wave; cuBLAS picks 192x128 and 128x160 there).
-HOPPER_TAIL_CONFIGS = (
-    Config(128, 128, 64, 4, 8, epilogue_split=2, block_n_tail=64),
-    Config(128, 128, 64, 3, 8, epilogue_split=2, block_n_tail=64),
-    Config(128, 128, 64, 4, 8, block_n_tail=64),
-    Config(128, 128, 64, 4, 8, epilogue_split=2, block_n_tail=32),
+# The same idle tail, 128x128 tiles in deeper or flattened pipelines (8192x768: 384 tiles, 2.9 waves). NOTE: H200
+# bf16 8192x768x3072 (dev/n768_probe.py, L2 flushed): 128x128 s4 0.0678 ms, s4 flat 0.0647-0.0650, s5 0.0637-0.0641;
+# 128x256 s3 split2 0.0775; cuBLAS 0.0551-0.0563.
+HOPPER_IDLE_TAIL_CONFIGS = (
+    Config(128, 128, 64, 5, 8),
+    Config(128, 128, 64, 4, 8, flatten=True),
+    Config(128, 128, 64, 5, 8, flatten=True),
 )
 HOPPER_SMALL = Config(128, 128, 64, 4, 4)
 # Ampere (and sm_90 fallbacks through pointers): 164 KB of shared memory, cp.async pipelines of 3-4 stages.
@@ -705,8 +637,7 @@ class _Launcher:
         M, K = p.a.shape
         N = p.b.shape[1]
         out = p.out
-        n_tail = cfg.block_n_tail if plan.kind == "tma" else 0
-        num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n + n_tail)
+        num_tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         slots = _num_programs(out.device) * cfg.programs_per_sm
         stream_k = cfg.stream_k and plan.kind == "tma"
         # Stream-K keeps every program busy even with fewer tiles than programs; it takes the tiles of the last,
@@ -730,25 +661,20 @@ class _Launcher:
             self.kernel = _scaled_mm_tma_kernel
             self.device_desc = device_descriptors()
             if not self.device_desc:
-
-                def b_block(width):
-                    return [width, cfg.block_k] if b_col else [cfg.block_k, width]
-
-                b_shape = [N, K] if b_col else [K, N]
-                out_layout = ([M, N], [out.stride(0), 1])
+                block_out = [cfg.block_m, cfg.block_n // cfg.epilogue_split]
                 self.descs = (
                     ([K, M], [stride_a, 1], [cfg.block_k, cfg.block_m])
                     if a_col
                     else ([M, K], [stride_a, 1], [cfg.block_m, cfg.block_k]),
-                    (b_shape, [stride_b, 1], b_block(cfg.block_n)),
-                    (b_shape, [stride_b, 1], b_block(n_tail)) if n_tail else None,
-                    (*out_layout, [cfg.block_m, cfg.block_n // cfg.epilogue_split]) if plan.out_tma else None,
-                    (*out_layout, [cfg.block_m, n_tail]) if plan.out_tma and n_tail else None,
+                    ([N, K], [stride_b, 1], [cfg.block_n, cfg.block_k])
+                    if b_col
+                    else ([K, N], [stride_b, 1], [cfg.block_k, cfg.block_n]),
+                    ([M, N], [out.stride(0), 1], block_out) if plan.out_tma else None,
                 )
             self.tail = (
                 M, N, K, p.scale_mode, self.stream_k_tiles, stride_a, stride_b, out.stride(0),
                 a_col, b_col, *epilogue, plan.out_tma, interpreting(),
-                cfg.block_m, cfg.block_n, n_tail, cfg.block_k, cfg.group_m, cfg.epilogue_split, programs, cfg.flatten,
+                cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.epilogue_split, programs, cfg.flatten,
                 self.device_desc, bool(self.stream_k_tiles),
             )  # fmt: skip
         else:
@@ -771,11 +697,10 @@ class _Launcher:
         else:
             partials = flags = dummy
         if self.device_desc:
-            return (a, b, None, None, None, out, scale, bias, found_inf, partials, flags, alpha) + self.tail
-        descs = tuple(
-            None if layout is None else TensorDescriptor(tensor, *layout)
-            for tensor, layout in zip((a, b, b, out, out), self.descs)
-        )
+            return (a, b, None, out, scale, bias, found_inf, partials, flags, alpha) + self.tail
+        da, db, do = self.descs
+        out_desc = None if do is None else TensorDescriptor(out, *do)
+        descs = (TensorDescriptor(a, *da), TensorDescriptor(b, *db), out_desc)
         return descs + (out, scale, bias, found_inf, partials, flags, alpha) + self.tail
 
     def __call__(self, a, b, scale, alpha, bias, out, found_inf) -> None:
@@ -827,11 +752,20 @@ def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0) -> tuple[
         if out.device.type == "cuda" and tiles < sms:
             configs += HOPPER_FEW_TILES_CONFIGS
         if out.device.type == "cuda" and tiles % sms and tiles < 4 * sms:  # an idle tail worth sharing out
-            configs += HOPPER_STREAM_K_CONFIGS + HOPPER_TAIL_CONFIGS
-        if out.element_size() == 4 or not plan.out_tma:  # no room (or no use) for the split store's 4th stage
-            configs = tuple(c for c in configs if c.num_stages < 4 or c.tile_n <= 128)
-        return configs
+            configs += HOPPER_STREAM_K_CONFIGS + HOPPER_IDLE_TAIL_CONFIGS
+        # fp32 outputs, and pointer stores (converted through shared memory), need a larger epilogue buffer.
+        out_bytes = out.element_size() if plan.out_tma else 4
+        return tuple(c for c in configs if _shared_bytes(c, out_bytes) <= HOPPER_SHARED_BYTES)
     return POINTER_CONFIGS
+
+
+HOPPER_SHARED_BYTES = 227 * 1024  # per block, opted in
+
+
+def _shared_bytes(cfg: Config, out_bytes: int) -> int:
+    """Shared memory of the TMA kernel: the operand ring plus one stored piece of the output tile."""
+    ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2
+    return ring + cfg.block_m * (cfg.block_n // cfg.epilogue_split) * out_bytes
 
 
 def _heuristic(plan: Plan, M: int, N: int, K: int, device: torch.device) -> Config:
@@ -852,9 +786,15 @@ def _tune(p: Problem, plan: Plan, key: tuple) -> Config:
     scratch_flag = torch.zeros(1, dtype=torch.float32, device=p.out.device) if p.found_inf is not None else None
     trial = Problem(p.a, p.b, p.scale, p.scale_mode, p.alpha, p.bias, scratch_out, p.accumulate, scratch_flag)
     timings: dict[Config, float] = {}
+    args = (trial.a, trial.b, trial.scale, trial.alpha, trial.bias, trial.out, trial.found_inf)
     for cfg in _candidates(plan, p.out, p.a.shape[0], p.b.shape[1]):
         try:
-            timings[cfg] = triton.testing.do_bench(lambda cfg=cfg: _launch(trial, plan, cfg), warmup=5, rep=25)
+            # Timed as calls will run: the compiled kernel launched directly. Through JITFunction.run each launch
+            # cost ~100 us of host time, which the L2 flush between runs (~70 us) did not always hide: stream-K on
+            # 3072x768x8192 measured 0.113 ms in one tuning and 0.074 ms on its own (dev/n768_probe.py).
+            launcher = _Launcher(trial, plan, cfg, direct=True)
+            launcher(*args)  # compiles (and raises here when the config does not fit this GPU)
+            timings[cfg] = triton.testing.do_bench(lambda launcher=launcher: launcher(*args), warmup=5, rep=25)
         except Exception as exc:  # out of shared memory / registers on this GPU: not a candidate here
             warnings.warn(
                 f"ampkernels.scaled_matmul: config {cfg.describe()} failed: {type(exc).__name__}", stacklevel=3
