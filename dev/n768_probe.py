@@ -7,13 +7,18 @@ Questions:
    the previous kernel) delays the programs that wait on it. Does a grid of fewer programs than SMs (128, 120) keep
    the time stable?
 2. Which 128x128 pipeline (4 or 5 stages, flattened tile loop) serves 8192x768 best (384 tiles: 2.9 waves)?
+3. (--proxy) Where do stream-K's 0.073 ms on 3072x768x8192 go, against ~0.046 predicted from the plain kernel's rate
+   per SM (72 tiles of 128 k-steps in 0.085 ms, shared by 132 programs: 69.8 k-steps each)? The same work without a
+   shared tile: 132 whole tiles of 70 k-steps (5632x768x4480, a read column-major as in grad-wt), and stream-K with
+   every flag already raised (no program waits; the sums are wrong, the time is what waiting costs).
 
-python3 dev/n768_probe.py   (GPU machine, after the build; PYTHONPATH=repository root)
+python3 dev/n768_probe.py [--proxy]   (GPU machine, after the build; PYTHONPATH=repository root)
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 import triton.testing
@@ -74,8 +79,47 @@ def back_to_back(fn, reps=200):
     return statistics.median(times)
 
 
+def proxy() -> None:
+    """Question 3: stream-K's cost over the same k-steps run as whole tiles, and the cost of its waits."""
+    plain = sm.Config(128, 256, 64, 3, 8, epilogue_split=2)
+    stream = sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True)
+    for M, N, K, cfg, no_wait in (
+        (3072, 768, 8192, plain, False),
+        (3072, 768, 8192, stream, False),
+        (3072, 768, 8192, stream, True),
+        (5632, 768, 4480, plain, False),
+    ):
+        a, b = operands(M, N, K, "grad-wt")
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        p = sm.Problem(a, b, None, 0, 1.0, None, out, False, None)
+        run = sm._Launcher(p, sm.plan_for(a, b, out), cfg, direct=False)
+        if no_wait:
+            flags_at = sm._scaled_mm_tma_kernel.arg_names.index("flags_ptr")
+            raised = torch.ones(run.grid[0], dtype=torch.int32, device="cuda")
+
+            def fn(run=run, a=a, b=b, out=out, raised=raised, flags_at=flags_at):
+                values = list(run.args(a, b, None, 1.0, None, out, None))
+                values[flags_at] = raised
+                sm._ensure_allocator()
+                run.kernel[run.grid](*values, **run.options)
+
+        else:
+            fn = lambda run=run, a=a, b=b, out=out: run(a, b, None, 1.0, None, out, None)  # noqa: E731
+        fn()
+        flushed = triton.testing.do_bench(fn, warmup=10, rep=50)
+        mm = triton.testing.do_bench(lambda a=a, b=b: torch.mm(a, b), warmup=10, rep=50)
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        print(
+            f"proxy {M}x{N}x{K} {cfg.describe():40s} {'no waits' if no_wait else '':8s} {tiles:3d} tiles "
+            f"{flushed:.4f} ms ({2 * M * N * K / flushed / 1e9:4.0f} TFLOP/s), cuBLAS {mm:.4f} ms"
+        )
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, "triton", triton.__version__)
+    if "--proxy" in sys.argv:
+        proxy()
+        return
     for M, N, K, layout in SHAPES:
         a, b = operands(M, N, K, layout)
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
