@@ -2,10 +2,9 @@
 tiling in one process, against torch.mm, with and without an L2 flush between runs.
 
 Questions:
-1. Stream-K with 132 programs took 0.073 ms on 3072x768x8192 in one run and 0.113 in another (same code). Its
-   programs wait for lower-numbered ones, so all 132 must be resident at once: one SM that is late (still running
-   the previous kernel) delays the programs that wait on it. Does a grid of fewer programs than SMs (128, 120) keep
-   the time stable?
+1. Stream-K column by column (the default when every tile is shared) against all tiles in one sequence.
+   (Answered earlier, variants since removed: 132, 128 or 120 programs made no difference on 3072x768x8192,
+   0.0741-0.0760 ms; the 0.113 ms seen once came from the tuner's JIT launches.)
 2. Which 128x128 pipeline (4 or 5 stages, flattened tile loop) serves 8192x768 best (384 tiles: 2.9 waves)?
 3. (--proxy) Where do stream-K's 0.073 ms on 3072x768x8192 go, against ~0.046 predicted from the plain kernel's rate
    per SM (72 tiles of 128 k-steps in 0.085 ms, shared by 132 programs: 69.8 k-steps each)? The same work without a
@@ -28,17 +27,16 @@ from ampkernels.triton import scaled_matmul as sm
 # (M, N, K, layout): the benchmark's N=768 cases (fwd: b = W.T view; grad-wt: a = dy.T view).
 SHAPES = [(3072, 768, 8192, "grad-wt"), (8192, 768, 3072, "grad-in"), (8192, 768, 3072, "fwd")]
 VARIANTS = [
-    ("128x256 s3 split2", sm.Config(128, 256, 64, 3, 8, epilogue_split=2), None),
-    ("128x256 s3 split2 flat", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, flatten=True), None),
-    ("128x128 s4", sm.Config(128, 128, 64, 4, 8), None),
-    ("128x128 s4 flat", sm.Config(128, 128, 64, 4, 8, flatten=True), None),
-    ("128x128 s5", sm.Config(128, 128, 64, 5, 8), None),
-    ("128x128 s5 flat", sm.Config(128, 128, 64, 5, 8, flatten=True), None),
-    ("streamk 128x256, 132 programs", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), None),
-    ("streamk 128x256, 128 programs", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), 128),
-    ("streamk 128x256, 120 programs", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), 120),
-    ("streamk 128x128 s4, 132 programs", sm.Config(128, 128, 64, 4, 8, stream_k=True), None),
-    ("streamk 128x128 s4, 128 programs", sm.Config(128, 128, 64, 4, 8, stream_k=True), 128),
+    ("128x256 s3 split2", sm.Config(128, 256, 64, 3, 8, epilogue_split=2), False),
+    ("128x256 s3 split2 flat", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, flatten=True), False),
+    ("128x128 s4", sm.Config(128, 128, 64, 4, 8), False),
+    ("128x128 s4 flat", sm.Config(128, 128, 64, 4, 8, flatten=True), False),
+    ("128x128 s5", sm.Config(128, 128, 64, 5, 8), False),
+    ("128x128 s5 flat", sm.Config(128, 128, 64, 5, 8, flatten=True), False),
+    ("streamk 128x256 s3 split2", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), False),
+    ("streamk 128x256 s3 split2, one sequence", sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True), True),
+    ("streamk 128x128 s4", sm.Config(128, 128, 64, 4, 8, stream_k=True), False),
+    ("streamk 128x128 s4, one sequence", sm.Config(128, 128, 64, 4, 8, stream_k=True), True),
 ]
 
 
@@ -48,19 +46,14 @@ def operands(M, N, K, layout):
     return a.bfloat16(), b.bfloat16()
 
 
-def launcher(p, plan, cfg, programs):
-    """The benchmark's launcher, with the stream-K grid cut to `programs` when given."""
+def launcher(p, plan, cfg, one_sequence):
+    """The benchmark's launcher; ``one_sequence``: stream-K over all tiles in one sequence, not column by column."""
     run = sm._Launcher(p, plan, cfg, direct=False)
-    if programs is not None and cfg.stream_k:
+    if one_sequence and run.stream_k_columns > 1:
         names = sm._scaled_mm_tma_kernel.arg_names
-        first = names.index("M")
-        num_tiles = triton.cdiv(p.a.shape[0], cfg.block_m) * triton.cdiv(p.b.shape[1], cfg.block_n)
         tail = list(run.tail)
-        tail[names.index("NUM_PROGRAMS") - first] = programs
-        tail[names.index("stream_k_tiles") - first] = num_tiles % programs if num_tiles > programs else num_tiles
+        tail[names.index("STREAM_K_COLUMNS") - names.index("M")] = 1
         run.tail = tuple(tail)
-        run.grid = (programs,)
-        run.partials_numel = programs * cfg.block_m * cfg.block_n
     return run
 
 
@@ -85,7 +78,7 @@ def proxy() -> None:
     stream = sm.Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True)
     for M, N, K, cfg, no_wait in (
         (3072, 768, 8192, plain, False),
-        (3072, 768, 8192, stream, False),
+        (3072, 768, 8192, stream, False),  # column by column
         (3072, 768, 8192, stream, True),
         (5632, 768, 4480, plain, False),
     ):
@@ -128,8 +121,8 @@ def main() -> None:
         rows = [("cuBLAS torch.mm", lambda a=a, b=b: torch.mm(a, b))]
         p = sm.Problem(a, b, None, 0, 1.0, None, out, False, None)
         plan = sm.plan_for(a, b, out)
-        for name, cfg, programs in VARIANTS:
-            run = launcher(p, plan, cfg, programs)
+        for name, cfg, one_sequence in VARIANTS:
+            run = launcher(p, plan, cfg, one_sequence)
             rows.append((name, lambda run=run, a=a, b=b, out=out: run(a, b, None, 1.0, None, out, None)))
         for name, fn in rows:
             try:

@@ -212,15 +212,17 @@ def test_triton_kernel_variants(device, config, force):
 
 
 @pytest.mark.parametrize(
-    "M, N, K",
-    [(40, 24, 80), (70, 96, 64), (33, 24, 200)],
-    ids=["all-tiles-shared", "one-tile-shared-then-whole", "one-tile-many-programs"],
+    "M, N, K, columns",
+    [(40, 24, 80, 1), (70, 96, 64, 1), (33, 24, 200, 1), (32, 64, 200, 2), (40, 64, 72, 2)],
+    ids=["all-tiles-shared", "one-tile-shared-then-whole", "one-tile-many-programs", "by-column", "by-column-2"],
 )
-def test_stream_k_hands_partial_tiles_between_programs(M, N, K):
+def test_stream_k_hands_partial_tiles_between_programs(M, N, K, columns):
     """Stream-K under the interpreter (4 programs, 32x32x16 tiles): a tile's k-iterations cut across programs, the
     last one adding the others' partial sums, with every epilogue input (row scale, bias, accumulate, flag).
     40x24x80: 2 tiles of 5 k-steps over 4 programs (3+2+... ranges end inside tiles); 70x96x64: 9 tiles, the
-    9th % 4 shared, the rest whole; 33x24x200: 2 tiles of 13 k-steps (shapes TMA can take: 16-byte row strides)."""
+    9th % 4 shared, the rest whole; 33x24x200: 2 tiles of 13 k-steps (shapes TMA can take: 16-byte row strides).
+    By column: 32x64x200 has 2 tile columns of one tile (13 k-steps) each shared by 2 programs; 40x64x72 2 columns of
+    2 tiles (5 k-steps), 2 programs each."""
     _need_triton("cpu")
     from ampkernels.triton import scaled_matmul as triton_sm
 
@@ -233,7 +235,10 @@ def test_stream_k_hands_partial_tiles_between_programs(M, N, K):
     old = torch.randn(M, N)
     out = old.clone()
     flag = torch.zeros(1)
-    assert triton_sm.plan_for(a, b, out).kind == "tma", "stream-K lives in the TMA kernel"
+    plan = triton_sm.plan_for(a, b, out)
+    assert plan.kind == "tma", "stream-K lives in the TMA kernel"
+    problem = triton_sm.Problem(a, b, scale, 2, 1.5, bias, out, True, flag)
+    assert triton_sm._Launcher(problem, plan, cfg, direct=False).stream_k_columns == columns
     triton_sm.scaled_mm_(a, b, scale, 2, 1.5, bias, out, True, flag, config=cfg)
     assert _rel_err(out, _ref64(a, b, scale[:, None] * 1.5, bias, old)) < 1e-5
     assert flag.item() == 0.0

@@ -216,13 +216,16 @@ def _program_of_iteration(x, per, extra):
 
 
 @triton.jit
-def _add_partials(acc, partials_ptr, flags_ptr, first, pid, offsets, TILE: tl.constexpr):
-    """``acc`` plus the partial sums of programs ``first .. pid - 1`` (in that order: the same bits on every run),
-    each read once its program has raised its flag. ``offsets``: this part of a [BLOCK_M, BLOCK_N] tile."""
-    for q in range(first, pid):
-        while tl.atomic_cas(flags_ptr + q, 1, 1, sem="acquire") != 1:
+def _add_partials(acc, partials_ptr, flags_ptr, first, member, column, offsets, TILE: tl.constexpr,
+                  COLUMNS: tl.constexpr):  # fmt: skip
+    """``acc`` plus the partial sums of the column's members ``first .. member - 1`` (programs ``q * COLUMNS +
+    column``, in that order: the same bits on every run), each read once its program has raised its flag.
+    ``offsets``: this part of a [BLOCK_M, BLOCK_N] tile."""
+    for q in range(first, member):
+        program = q * COLUMNS + column
+        while tl.atomic_cas(flags_ptr + program, 1, 1, sem="acquire") != 1:
             pass
-        acc += tl.load(partials_ptr + q * TILE + offsets, cache_modifier=".cg")  # < 2^31: [programs, tile]
+        acc += tl.load(partials_ptr + program * TILE + offsets, cache_modifier=".cg")  # < 2^31: [programs, tile]
     return acc
 
 
@@ -262,6 +265,7 @@ def _scaled_mm_tma_kernel(
     FLATTEN: tl.constexpr,
     DEVICE_DESC: tl.constexpr,
     STREAM_K: tl.constexpr,
+    STREAM_K_COLUMNS: tl.constexpr,
 ):
     """Persistent TMA matmul. Descriptors: a [M, K] (A_COL_MAJOR: [K, M] storage), b [K, N] (B_COL_MAJOR: [N, K]
     storage), out [M, N] with block [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT]. OOB tiles read as zeros (K tail too).
@@ -277,7 +281,13 @@ def _scaled_mm_tma_kernel(
     (``partials_ptr`` [NUM_PROGRAMS, BLOCK_M, BLOCK_N], ``flags_ptr`` [NUM_PROGRAMS] int32 zeros), adds them in
     program order (the same sum on every run) and runs the epilogue. A program publishes its partial before it
     waits for any, and waits only for lower-numbered programs (run first under the interpreter, resident first on
-    the GPU), so the waits cannot form a cycle."""
+    the GPU), so the waits cannot form a cycle.
+
+    STREAM_K_COLUMNS > 1 (every tile shared, NUM_PROGRAMS a multiple of the tile columns): each column of tiles is
+    its own stream-K problem, served by programs ``column, column + COLUMNS, ...``; programs p and p + 1 then read
+    the same A rows at the same k-steps (L2 hits) instead of at unrelated ones. NOTE (H200, bf16 3072x768x8192,
+    dev/n768_probe.py --proxy): stream-K over the tiles in one sequence 0.0736 ms with or without its waits, the same
+    k-steps as 132 whole tiles 0.0561."""
     if DEVICE_DESC:
         if A_COL_MAJOR:
             a_desc = tl.make_tensor_descriptor(a_desc, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
@@ -296,11 +306,13 @@ def _scaled_mm_tma_kernel(
     first_whole_tile = 0
     if STREAM_K:
         pid = tl.program_id(0)
-        total = stream_k_tiles * k_tiles
-        per = total // NUM_PROGRAMS
-        extra = total % NUM_PROGRAMS
-        start = pid * per + tl.minimum(pid, extra)
-        end = start + per + (pid < extra).to(tl.int32)
+        column = pid % STREAM_K_COLUMNS
+        member = pid // STREAM_K_COLUMNS  # this program's place among its column's programs
+        total = (stream_k_tiles // STREAM_K_COLUMNS) * k_tiles
+        per = total // (NUM_PROGRAMS // STREAM_K_COLUMNS)
+        extra = total % (NUM_PROGRAMS // STREAM_K_COLUMNS)
+        start = member * per + tl.minimum(member, extra)
+        end = start + per + (member < extra).to(tl.int32)
         # Segments (one per tile the range touches) in reverse: first the start of a tile that a later program
         # finishes (its partial published at once), last the end of a tile that earlier programs started, whose
         # partials they published first. In k order, each program waited for the whole range of the one before.
@@ -308,11 +320,14 @@ def _scaled_mm_tma_kernel(
         num_segments = tl.where(end > start, last_tile - start // k_tiles + 1, 0)
         tile_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         for segment in range(num_segments):
-            tile_id = last_tile - segment
+            tile_id = last_tile - segment  # within the column when STREAM_K_COLUMNS > 1
             tile_begin = tile_id * k_tiles
             lo = tl.maximum(start, tile_begin)
             hi = tl.minimum(end, tile_begin + k_tiles)
-            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            if STREAM_K_COLUMNS > 1:
+                pid_m, pid_n = tile_id, column
+            else:
+                pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
             acc = _tile_product(
@@ -320,23 +335,28 @@ def _scaled_mm_tma_kernel(
                 A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
             if hi == tile_begin + k_tiles:
-                first = _program_of_iteration(tile_begin, per, extra)  # == pid when this program holds it all
+                first = _program_of_iteration(tile_begin, per, extra)  # == member when it holds it all
                 if EPILOGUE_SPLIT == 2:  # half a tile at a time: a whole fp32 partial beside acc would spill
                     acc_left, acc_right = _halves_along_n(acc, BLOCK_M, BLOCK_N)
                     half_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N // 2)[None, :]
                     acc_left = _add_partials(
-                        acc_left, partials_ptr, flags_ptr, first, pid, half_offsets, BLOCK_M * BLOCK_N
-                    )
+                        acc_left, partials_ptr, flags_ptr, first, member, column, half_offsets, BLOCK_M * BLOCK_N,
+                        STREAM_K_COLUMNS,
+                    )  # fmt: skip
                     acc_right = _add_partials(
-                        acc_right, partials_ptr + BLOCK_N // 2, flags_ptr, first, pid, half_offsets, BLOCK_M * BLOCK_N
-                    )
+                        acc_right, partials_ptr + BLOCK_N // 2, flags_ptr, first, member, column, half_offsets,
+                        BLOCK_M * BLOCK_N, STREAM_K_COLUMNS,
+                    )  # fmt: skip
                     _store_halves(
                         acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr,
                         out_desc, out_ptr, stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA,
                         BLOCK_M, BLOCK_N,
                     )  # fmt: skip
                 else:
-                    acc = _add_partials(acc, partials_ptr, flags_ptr, first, pid, tile_offsets, BLOCK_M * BLOCK_N)
+                    acc = _add_partials(
+                        acc, partials_ptr, flags_ptr, first, member, column, tile_offsets, BLOCK_M * BLOCK_N,
+                        STREAM_K_COLUMNS,
+                    )  # fmt: skip
                     _store_tile(
                         acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
                         stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, 1,
@@ -632,7 +652,7 @@ class _Launcher:
 
     __slots__ = (
         "kind", "kernel", "grid", "options", "tail", "dummy", "device_desc", "descs", "runner", "direct",
-        "stream_k_tiles", "partials_numel",
+        "stream_k_tiles", "stream_k_columns", "partials_numel",
     )  # fmt: skip
 
     def __init__(self, p: Problem, plan: Plan, cfg: Config, direct: bool) -> None:
@@ -643,9 +663,14 @@ class _Launcher:
         slots = _num_programs(out.device) * cfg.programs_per_sm
         stream_k = cfg.stream_k and plan.kind == "tma"
         # Stream-K keeps every program busy even with fewer tiles than programs; it takes the tiles of the last,
-        # partial wave (all of them when there is only one).
+        # partial wave (all of them when there is only one, then column by column: see the kernel).
         programs = slots if stream_k else max(1, min(num_tiles, slots))
-        self.stream_k_tiles = (num_tiles % slots if num_tiles > slots else num_tiles) if stream_k else 0
+        self.stream_k_columns = 1
+        tile_columns = triton.cdiv(N, cfg.block_n)
+        if stream_k and num_tiles <= slots and 1 < tile_columns <= slots:
+            self.stream_k_columns = tile_columns
+            programs = slots - slots % tile_columns
+        self.stream_k_tiles = (num_tiles % programs if num_tiles > programs else num_tiles) if stream_k else 0
         self.partials_numel = programs * cfg.block_m * cfg.block_n if self.stream_k_tiles else 0
         self.kind = plan.kind
         self.grid = (programs,)
@@ -677,7 +702,7 @@ class _Launcher:
                 M, N, K, p.scale_mode, self.stream_k_tiles, stride_a, stride_b, out.stride(0),
                 a_col, b_col, *epilogue, plan.out_tma, interpreting(),
                 cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.epilogue_split, programs, cfg.flatten,
-                self.device_desc, bool(self.stream_k_tiles),
+                self.device_desc, bool(self.stream_k_tiles), self.stream_k_columns,
             )  # fmt: skip
         else:
             self.kernel = _scaled_mm_ptr_kernel
