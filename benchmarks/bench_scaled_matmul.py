@@ -315,4 +315,7 @@ def plot(document: dict[str, Any], path: Path, title: str) -> bool:
             for name in names
         }
         panels[f"{dtype}: TFLOP/s"] = ([g.replace(" ", "\n") for g in groups], series)
-    return plot_grouped_bars(path, title, panels, "TFLOP/s")
+    # TFLOP/s span less than a decade: linear axis; 11 shapes a panel: one panel per row, full width.
+    return plot_grouped_bars(
+        path, title, panels, "TFLOP/s", log_scale=False, max_columns=1, panel_width=16, tick_fontsize=8
+    )

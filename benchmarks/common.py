@@ -225,8 +225,14 @@ def plot_grouped_bars(
     title: str,
     panels: dict[str, tuple[list[str], dict[str, list[float | None]]]],
     ylabel: str,
+    *,
+    log_scale: bool = True,
+    max_columns: int = 2,
+    panel_width: float = 6.5,
+    tick_fontsize: int = 9,
 ) -> bool:
-    """One panel per key of ``panels``: groups along x, one bar per series (``None``: no bar), log-scale y.
+    """One panel per key of ``panels`` (``max_columns`` side by side): groups along x, one bar per series
+    (``None``: no bar), log-scale y unless ``log_scale`` is False (values within one decade get no log ticks).
 
     Returns False, after saying so, when matplotlib is not installed.
     """
@@ -240,8 +246,9 @@ def plot_grouped_bars(
         print(f"matplotlib is not installed: {path.name} not drawn")
         return False
 
-    columns, rows = min(2, len(panels)), math.ceil(len(panels) / 2)
-    figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.5 * rows))
+    columns = min(max_columns, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(panel_width * columns, 4.5 * rows))
     axes = [axes] if len(panels) == 1 else list(axes.flat)
     for axis, (panel_title, (groups, series)) in zip(axes, panels.items()):
         bar_width = 0.8 / len(series)
@@ -252,17 +259,19 @@ def plot_grouped_bars(
                 [x for x, _ in bars], [value for _, value in bars], bar_width, label=label, color=f"C{index}"
             )
             axis.bar_label(drawn, fmt="%.3g", fontsize=7)
-        axis.set_xticks(range(len(groups)), groups, fontsize=9)
-        axis.set_yscale("log")
-        axis.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        axis.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axis.set_xticks(range(len(groups)), groups, fontsize=tick_fontsize)
+        if log_scale:
+            axis.set_yscale("log")
+            axis.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            axis.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axis.set_ylabel(ylabel)
         axis.set_title(panel_title, fontsize=10)
         axis.grid(axis="y", which="both", alpha=0.3)
     for unused_axis in axes[len(panels) :]:
         unused_axis.set_visible(False)
     handles, labels = axes[0].get_legend_handles_labels()
-    legend_lines = 1 if columns > 1 else len(labels)  # one panel is too narrow for the labels side by side
+    # One narrow panel has no room for the labels side by side.
+    legend_lines = 1 if columns * panel_width >= 13 else len(labels)
     figure.legend(handles, labels, loc="lower center", ncol=len(labels) // legend_lines, fontsize=9)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout(rect=(0, (0.25 + 0.2 * legend_lines) / (4.5 * rows), 1, 1))
