@@ -286,8 +286,8 @@ def _scaled_mm_tma_kernel(
     STREAM_K_COLUMNS > 1 (every tile shared, NUM_PROGRAMS a multiple of the tile columns): each column of tiles is
     its own stream-K problem, served by programs ``column, column + COLUMNS, ...``; programs p and p + 1 then read
     the same A rows at the same k-steps (L2 hits) instead of at unrelated ones. NOTE (H200, bf16 3072x768x8192,
-    dev/n768_probe.py --proxy): stream-K over the tiles in one sequence 0.0736 ms with or without its waits, the same
-    k-steps as 132 whole tiles 0.0561."""
+    dev/n768_probe.py --proxy): stream-K over the tiles in one sequence 0.0736-0.0740 ms with or without its waits,
+    column by column 0.0707; the same k-steps as 132 whole tiles 0.0554-0.0561."""
     if DEVICE_DESC:
         if A_COL_MAJOR:
             a_desc = tl.make_tensor_descriptor(a_desc, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
@@ -497,14 +497,14 @@ HOPPER_STREAM_K_CONFIGS = (
     Config(128, 128, 64, 4, 8, stream_k=True),
 )
 # The same idle tail, 128x128 tiles in deeper or flattened pipelines (8192x768: 384 tiles, 2.9 waves). NOTE: H200
-# bf16 8192x768x3072 (dev/n768_probe.py, L2 flushed, two runs): 128x128 s4 0.0678-0.0684 ms, s4 flat 0.0647-0.0659,
-# s5 0.0633-0.0641, s5 flat 0.0602-0.0610; 128x256 s3 split2 0.0770-0.0787; cuBLAS 0.0548-0.0563.
+# bf16 8192x768x3072 (dev/n768_probe.py and the tuner, L2 flushed): 128x128 s4 0.066-0.068 ms, s4 flat 0.065-0.066,
+# s5 0.063-0.064, s5 flat 0.060-0.062, s6 flat 0.059-0.061 (128x128x128 s3 flat 0.065, dropped); 128x256 s3 split2
+# 0.077-0.079; cuBLAS 0.055-0.056.
 HOPPER_IDLE_TAIL_CONFIGS = (
     Config(128, 128, 64, 5, 8),
     Config(128, 128, 64, 4, 8, flatten=True),
     Config(128, 128, 64, 5, 8, flatten=True),
     Config(128, 128, 64, 6, 8, flatten=True),
-    Config(128, 128, 128, 3, 8, flatten=True),
 )
 HOPPER_SMALL = Config(128, 128, 64, 4, 4)
 # Ampere (and sm_90 fallbacks through pointers): 164 KB of shared memory, cp.async pipelines of 3-4 stages.
@@ -767,7 +767,7 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, force: str | N
 
 
 def _launch(p: Problem, plan: Plan, cfg: Config) -> None:
-    """One launch through ``JITFunction.run`` (tuning, explicit configs)."""
+    """One launch through ``JITFunction.run`` (explicit configs: tests, dev probes)."""
     _Launcher(p, plan, cfg, direct=False)(p.a, p.b, p.scale, p.alpha, p.bias, p.out, p.found_inf)
 
 
