@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ampkernels import reference
-from ampkernels.triton import f64_bits, num_sms, retain_if_capturing
+from ampkernels.triton import f64_bits, retain_if_capturing
 
 # --------------------------------------------------------------------------------------------------------------------
 # Kernels
@@ -295,18 +295,15 @@ def _update_scale_kernel(
 CHUNK = 65536
 #: Elements per loop iteration of ``_unscale_reduce_kernel``, as two halves of 1024 loaded up front: 16 per thread at
 #: 4 warps (2 or 4 16-byte loads in flight per thread).
-#: NOTE (ptxas sm_90, Triton 3.8): this takes 30-48 registers for every variant, so 8 programs of 4 warps per SM
-#: (the persistent grid below) are all resident (<= 64 registers each): no program waits for a second wave, which
-#: in a persistent grid would double the tail. 8 warps x 2048 (one load each) needed ~40-48 registers, i.e. only 5-6
-#: resident programs per SM; 8 warps x 4096 in one piece needed 105-125 (2 per SM). Caveat: for 16-bit dtypes with
-#: write=True ptxas sinks the second half's load below the first half's store, so only 8 elements (16 bytes) per
-#: thread are in flight there (~16 KB per SM); if that mode measures short of bandwidth on the H200, raise
-#: _PROGRAMS_PER_SM towards 12 (40 registers allow 12 resident programs of 4 warps).
+#: NOTE (ptxas sm_90, Triton 3.8): this takes 30-48 registers for every variant, so 8 or more programs of 4 warps
+#: are resident per SM. 8 warps x 2048 (one load each) needed ~40-48 registers, i.e. only 5-6 resident programs per
+#: SM; 8 warps x 4096 in one piece needed 105-125 (2 per SM). Caveat: for 16-bit dtypes with write=True ptxas sinks
+#: the second half's load below the first half's store, so only 8 elements (16 bytes) per thread are in flight there.
 BLOCK = 2048
 NUM_WARPS = 4
 _FINALIZE_BLOCK = 1024
 _PER_TENSOR_BLOCK = 512
-_PROGRAMS_PER_SM = 8
+_INTERPRETER_PROGRAMS = 32  # a few programs, each looping over several chunks, exercise the kernel's chunk loop
 _CACHE_SIZE = 8
 
 _TL_DTYPES = {
@@ -416,10 +413,13 @@ def clear_table_cache() -> None:
     _TABLE_CACHE.clear()
 
 
-def _num_programs_cap(device: torch.device) -> int:
+def _num_programs(device: torch.device, chunks: int) -> int:
+    """One program per chunk on a GPU, as the CUDA kernels launch. NOTE (H200, Llama-1B fp32 gradients,
+    dev/triton_grid_probe.py, % of copy): read-only + norm 96.5 with a persistent grid of 8 programs per SM, 99.8
+    with one per chunk; in place 89.2 and 89.8."""
     if device.type != "cuda":
-        return 4 * _PROGRAMS_PER_SM  # interpreter: programs run one after another anyway
-    return num_sms(device) * _PROGRAMS_PER_SM
+        return min(chunks, _INTERPRETER_PROGRAMS)
+    return chunks
 
 
 # triton.jit returns an InterpretedFunction when TRITON_INTERPRET=1 was set before this module was imported.
@@ -587,11 +587,10 @@ def unscale_reduce_(
     per = torch.empty(n, dtype=torch.float32, device=device) if per_tensor else None
 
     with _device_guard(device):
-        cap = _num_programs_cap(device)
         for (dtype, _, _, c_begin, c_end), aligned in zip(table.groups, table.group_aligned, strict=True):
             if c_end == c_begin:
                 continue
-            _unscale_reduce_kernel[(min(c_end - c_begin, cap),)](
+            _unscale_reduce_kernel[(_num_programs(device, c_end - c_begin),)](
                 table.addrs,
                 table.numels,
                 table.chunk_tensor,
