@@ -5,7 +5,8 @@ The CPU kernels are always built; the CUDA kernels whenever torch is a CUDA buil
 
 - ``AMPKERNELS_NO_NATIVE=1``: build no native code at all (the package then runs on Triton / plain torch);
 - ``AMPKERNELS_NO_CUDA=1``: build the CPU kernels only;
-- ``TORCH_CUDA_ARCH_LIST``: the GPU architectures (default: sm_75 to sm_90 with CUDA 13, sm_70 to sm_90 before).
+- ``TORCH_CUDA_ARCH_LIST``: the GPU architectures (default: sm_75 to sm_90a with CUDA 13, sm_70 to sm_90a with CUDA 12;
+  the wgmma kernel is built only for 9.0a).
 - ``MAX_JOBS``: parallel compile jobs (ninja).
 """
 
@@ -24,9 +25,12 @@ def _truthy(name: str) -> bool:
 
 
 def _default_arch_list(cuda_version: str) -> str:
-    # CUDA 13 dropped sm_70 (Volta): cover what the toolkit can build.
+    # CUDA 13 dropped sm_70 (Volta): cover what the toolkit can build. Hopper as 9.0a (CUDA 12+): the wgmma kernel
+    # needs it, and sm_90a code runs on every compute capability 9.0 GPU.
     major = int(cuda_version.split(".")[0])
-    return "7.5;8.0;8.6;8.9;9.0" if major >= 13 else "7.0;7.5;8.0;8.6;8.9;9.0"
+    if major >= 13:
+        return "7.5;8.0;8.6;8.9;9.0a"
+    return "7.0;7.5;8.0;8.6;8.9;9.0a" if major == 12 else "7.0;7.5;8.0;8.6;8.9;9.0"
 
 
 def _extensions():

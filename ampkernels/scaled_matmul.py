@@ -7,9 +7,10 @@ Layers, top to bottom:
 * ``ampkernels::scaled_mm_`` (mutating op: writes ``out``, may set ``found_inf``; used when no gradient is needed)
   or ``ampkernels::scaled_mm`` (functional op with autograd). Both are ``torch.library`` custom ops with fake
   implementations, so ``torch.compile`` traces them and ``torch.library.opcheck`` passes. Both launch one of
-* the backends: ``"triton"`` (``ampkernels/triton/scaled_matmul.py``), ``"wmma"`` (the native op
-  ``ampkernels::scaled_matmul_wmma_`` when the extension was built with it) or ``"torch"``
-  (:func:`ampkernels.reference.scaled_matmul`, also the only backend for float32/float64 operands).
+* the backends: ``"triton"`` (``ampkernels/triton/scaled_matmul.py``), ``"wgmma"`` (the native op
+  ``ampkernels::scaled_matmul_wgmma_``: Hopper only, in a build for sm_90a), ``"wmma"`` (the native op
+  ``ampkernels::scaled_matmul_wmma_``, sm_75 and newer) or ``"torch"`` (:func:`ampkernels.reference.scaled_matmul`,
+  also the only backend for float32/float64 operands).
 
 :class:`ScaledLinear` is a drop-in ``torch.nn.Linear`` running on it.
 """
@@ -26,7 +27,7 @@ import torch
 
 from ampkernels import _backend, reference
 
-BACKENDS = ("triton", "wmma", "torch")
+BACKENDS = ("triton", "wgmma", "wmma", "torch")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SCALE_NONE, SCALE_TENSOR, SCALE_ROW, SCALE_COL = 0, 1, 2, 3
@@ -44,12 +45,20 @@ def _load_triton():
         return None, f"triton is not usable ({type(exc).__name__}: {exc})"
 
 
-def _wmma_op():
+def _native_op(name: str):
     _backend.native()  # importing ampkernels._C registers its ops
     try:
-        return torch.ops.ampkernels.scaled_matmul_wmma_
+        return getattr(torch.ops.ampkernels, name)
     except (AttributeError, RuntimeError):
         return None
+
+
+def _wmma_op():
+    return _native_op("scaled_matmul_wmma_")
+
+
+def _wgmma_op():
+    return _native_op("scaled_matmul_wgmma_")
 
 
 def why_not(backend: str, device: torch.device) -> str | None:
@@ -72,6 +81,18 @@ def why_not(backend: str, device: torch.device) -> str | None:
                 "rebuild with `pip install --no-build-isolation -e .` and CUDA_HOME set"
             )
         return None
+    if backend == "wgmma":
+        if device.type != "cuda":
+            return "the wgmma kernel runs on CUDA tensors only"
+        if _wgmma_op() is None:
+            return _backend.why_not("native", device) or "ampkernels._C has no scaled_matmul_wgmma_ op"
+        arch_list = str(getattr(_backend.native(), "cuda_arch_list", ""))
+        if "9.0a" not in arch_list:
+            return f"ampkernels._C was built for {arch_list!r}, without 9.0a (TORCH_CUDA_ARCH_LIST), which wgmma needs"
+        capability = torch.cuda.get_device_capability(device)
+        if capability != (9, 0):
+            return f"wgmma needs a compute capability 9.0 GPU (H100, H200), this one is {capability[0]}.{capability[1]}"
+        return None
     if backend == "torch":
         return None
     raise ValueError(f"ampkernels.scaled_matmul: argument 'backend': expected one of {BACKENDS}, got {backend!r}")
@@ -85,7 +106,8 @@ def _requested_backend(backend: str | None) -> str | None:
 def select_backend(device: torch.device, backend: str | None = None) -> str:
     """The backend for a call on ``device``: ``backend`` if given (error if it cannot run), else
     ``AMPKERNELS_SCALED_MATMUL_BACKEND`` / ``AMPKERNELS_BACKEND`` (``native`` means ``wmma``), else the first of
-    triton → wmma → torch that runs (Triton first: it reaches wgmma on Hopper, WMMA is capped by mma.sync). On CPU
+    triton → wgmma → wmma → torch that runs. NOTE (H200, README's benchmark table): Triton 0.96x cuBLAS as a geomean,
+    the wgmma kernel 0.77x (its epilogue does not overlap the next tile's k-steps yet), WMMA 0.41x (mma.sync). On CPU
     tensors the default is the reference (the Triton interpreter is for tests)."""
     device = torch.device(device)
     requested = _requested_backend(backend)
@@ -94,7 +116,7 @@ def select_backend(device: torch.device, backend: str | None = None) -> str:
         if reason is not None:
             raise RuntimeError(f"ampkernels.scaled_matmul: backend {requested!r} cannot run on {device}: {reason}")
         return requested
-    order = ("triton", "wmma", "torch") if device.type == "cuda" else ("torch",)
+    order = ("triton", "wgmma", "wmma", "torch") if device.type == "cuda" else ("torch",)
     return next(name for name in order if why_not(name, device) is None)
 
 
@@ -111,11 +133,12 @@ def _launch(backend, a, b, scale, scale_mode, alpha, bias, out, accumulate, foun
         )
     elif backend == "triton":
         _load_triton()[0].scaled_mm_(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
-    elif backend == "wmma":
-        # The WMMA op takes row- or column-major operands only.
+    elif backend in ("wmma", "wgmma"):
+        # The native ops take row- or column-major operands only.
         a = a if a.is_contiguous() or a.t().is_contiguous() else a.contiguous()
         b = b if b.is_contiguous() or b.t().is_contiguous() else b.contiguous()
-        _wmma_op()(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+        op = _wmma_op() if backend == "wmma" else _wgmma_op()
+        op(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
     else:
         raise ValueError(f"ampkernels.scaled_matmul: unknown backend {backend!r}")
 
@@ -351,7 +374,7 @@ def scaled_matmul(
             computed in fp32 from the old value (gradient accumulation into fp32 buffers).
         found_inf: float32, 1 element: set to 1.0 when any output element as stored is inf/NaN (also from
             overflow in the cast to fp16); never cleared. Computed in the epilogue, no extra pass, no host sync.
-        backend: "triton", "wmma" or "torch" (the reference); default: :func:`select_backend`.
+        backend: "triton", "wgmma", "wmma" or "torch" (the reference); default: :func:`select_backend`.
 
     Returns ``out`` (or a new [..., M, N] tensor). Is equivalent to
     ``(scale * (a.float() @ b.float()) + bias).to(out_dtype)`` (with ``out += ...`` for ``accumulate``).

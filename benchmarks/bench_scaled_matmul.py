@@ -4,7 +4,8 @@ Per case (dtype, M×N×K, layout), on the same operands:
 
 * cuBLAS mm alone: ``torch.mm(a, b)`` (no scale: the ceiling to match);
 * cuBLAS then scale: ``torch.mm(a, b) * scale`` with a 0-d device tensor (what a sync-free scale costs unfused);
-* ampkernels Triton, and the CUDA WMMA kernel when the extension has it: ``scaled_matmul(a, b, scale)``.
+* ampkernels Triton, and the CUDA wgmma (sm_90a builds on Hopper) and WMMA kernels when the extension has them:
+  ``scaled_matmul(a, b, scale)``.
 
 Layouts: ``nn`` (row-major a and b), ``fwd`` = ``x @ W.T`` (b a column-major view), ``grad-in`` = ``dy @ W`` (nn),
 ``grad-wt`` = ``dy.T @ x`` (a a column-major view). Transformer shapes use M = 8192 tokens and Linear widths
@@ -31,10 +32,12 @@ from benchmarks.common import RunContext, format_table, free_device_memory, plot
 NAME = "scaled_matmul"
 
 CUBLAS, CUBLAS_SCALE, TRITON, WMMA, REFERENCE = "cublas_mm", "cublas_then_scale", "triton", "wmma", "reference"
+WGMMA = "wgmma"
 LABELS = {
     CUBLAS: "cuBLAS mm (no scale)",
     CUBLAS_SCALE: "cuBLAS mm, then * scale",
     TRITON: "ampkernels Triton",
+    WGMMA: "ampkernels CUDA wgmma (sm_90a)",
     WMMA: "ampkernels CUDA WMMA",
     REFERENCE: "ampkernels reference (torch)",
 }
@@ -99,8 +102,9 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 def _available_backends(device: torch.device) -> list[str]:
     module = importlib.import_module("ampkernels.scaled_matmul")
     found = [TRITON] if module.why_not("triton", device) is None else []
-    if device.type == "cuda" and module.why_not("wmma", device) is None:
-        found.append(WMMA)
+    for name in (WGMMA, WMMA):
+        if device.type == "cuda" and module.why_not(name, device) is None:
+            found.append(name)
     return found
 
 
@@ -197,7 +201,7 @@ def _warnings(rows: list[dict[str, Any]]) -> list[str]:
     found = []
     for row in rows:
         ratio = row["err_ratio_vs_cublas_then_scale"]
-        if row["implementation"] in (TRITON, WMMA, REFERENCE) and ratio is not None and ratio > 2.0:
+        if row["implementation"] in (TRITON, WGMMA, WMMA, REFERENCE) and ratio is not None and ratio > 2.0:
             found.append(
                 f"WARNING {row['dtype']} {row['case']}: {row['implementation']} error {row['rel_err_vs_fp32']:.2e} "
                 f"is {ratio:.1f}x cuBLAS-then-scale's"

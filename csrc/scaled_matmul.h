@@ -1,5 +1,5 @@
-// Shared between the scaled_matmul_wmma_ op (scaled_matmul_ops.cpp: checks, registration) and its CUDA launcher
-// (cuda/scaled_matmul_wmma.cu).
+// Shared between the scaled_matmul_wmma_ / scaled_matmul_wgmma_ ops (scaled_matmul_ops.cpp: checks, registration) and
+// their CUDA launchers (cuda/scaled_matmul_wmma.cu, cuda/scaled_matmul_wgmma.cu).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,6 +30,10 @@ struct ScaledMatmulArgs {
 
 #ifdef AMPK_WITH_CUDA
 void scaled_matmul_wmma_cuda(const ScaledMatmulArgs& args);
+// The sm_90a wgmma kernel (cuda/scaled_matmul_wgmma.cu): false, without launching, when the operands do not suit TMA.
+bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args);
+// Whether this build compiled it (TORCH_CUDA_ARCH_LIST holds 9.0a).
+bool scaled_matmul_wgmma_built();
 #endif
 
 }  // namespace ampkernels

@@ -1,5 +1,6 @@
-// ampkernels::scaled_matmul_wmma_: argument checks and registration of the WMMA scaled matmul
-// (kernels: cuda/scaled_matmul_wmma.cuh). The Python op ampkernels.scaled_matmul calls it as its "wmma" backend.
+// ampkernels::scaled_matmul_wmma_ and ampkernels::scaled_matmul_wgmma_: argument checks and registration of the
+// native scaled matmuls (kernels: cuda/scaled_matmul_wmma.cuh, cuda/scaled_matmul_wgmma.cu). The Python op
+// ampkernels.scaled_matmul calls them as its "wmma" and "wgmma" backends.
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
@@ -44,7 +45,8 @@ void check_no_overlap(const at::Tensor& out, const at::Tensor& in, const char* i
 // everything else can be tested with CPU tensors.
 ScaledMatmulArgs check_args(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& scale,
                             int64_t scale_mode, double alpha, const std::optional<at::Tensor>& bias,
-                            const at::Tensor& out, bool accumulate, const std::optional<at::Tensor>& found_inf) {
+                            const at::Tensor& out, bool accumulate, const std::optional<at::Tensor>& found_inf,
+                            const char* kernel) {
   AMPK_CHECK_ARG(a.dim() == 2, "a", "expected a 2-D tensor, got ", a.dim(), " dimensions");
   AMPK_CHECK_ARG(b.dim() == 2, "b", "expected a 2-D tensor, got ", b.dim(), " dimensions");
   AMPK_CHECK_ARG(is_half_or_bf16(a.scalar_type()), "a", "expected float16 or bfloat16, got ", a.scalar_type());
@@ -109,7 +111,7 @@ ScaledMatmulArgs check_args(const at::Tensor& a, const at::Tensor& b, const std:
     args.found_inf = *found_inf;
   }
 
-  AMPK_CHECK_ARG(a.is_cuda(), "a", "the WMMA kernel runs on CUDA tensors, got one on ", a.device());
+  AMPK_CHECK_ARG(a.is_cuda(), "a", "the ", kernel, " kernel runs on CUDA tensors, got one on ", a.device());
   AMPK_CHECK_SAME_DEVICE(b, a, "b");
   AMPK_CHECK_SAME_DEVICE(out, a, "out");
   if (args.scale.defined()) AMPK_CHECK_SAME_DEVICE(args.scale, a, "scale");
@@ -127,12 +129,26 @@ ScaledMatmulArgs check_args(const at::Tensor& a, const at::Tensor& b, const std:
 void scaled_matmul_wmma_(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& scale,
                          int64_t scale_mode, double alpha, const std::optional<at::Tensor>& bias,
                          const at::Tensor& out, bool accumulate, const std::optional<at::Tensor>& found_inf) {
-  const ScaledMatmulArgs args = check_args(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf);
+  const ScaledMatmulArgs args = check_args(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, "WMMA");
 #ifdef AMPK_WITH_CUDA
   scaled_matmul_wmma_cuda(args);
 #else
   TORCH_CHECK(false, "ampkernels: the native extension was built without CUDA; rebuild it with a CUDA toolkit "
                      "(pip install --no-build-isolation -e .) to use scaled_matmul_wmma_");
+#endif
+}
+
+// The same contract as scaled_matmul_wmma_, on the sm_90a wgmma kernel (warp-specialized, TMA, Hopper only).
+// Operands TMA cannot read (a base or leading dimension not 16-byte aligned) and K == 0 run the WMMA kernel.
+void scaled_matmul_wgmma_(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& scale,
+                          int64_t scale_mode, double alpha, const std::optional<at::Tensor>& bias,
+                          const at::Tensor& out, bool accumulate, const std::optional<at::Tensor>& found_inf) {
+  const ScaledMatmulArgs args = check_args(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, "wgmma");
+#ifdef AMPK_WITH_CUDA
+  if (!scaled_matmul_wgmma_cuda(args)) scaled_matmul_wmma_cuda(args);
+#else
+  TORCH_CHECK(false, "ampkernels: the native extension was built without CUDA; rebuild it with a CUDA toolkit "
+                     "(pip install --no-build-isolation -e .) to use scaled_matmul_wgmma_");
 #endif
 }
 
@@ -143,12 +159,21 @@ TORCH_LIBRARY_FRAGMENT(ampkernels, m) {
   m.def(
       "scaled_matmul_wmma_(Tensor a, Tensor b, Tensor? scale, int scale_mode, float alpha, Tensor? bias, "
       "Tensor(a!) out, bool accumulate, Tensor(b!)? found_inf) -> ()");
+  m.def(
+      "scaled_matmul_wgmma_(Tensor a, Tensor b, Tensor? scale, int scale_mode, float alpha, Tensor? bias, "
+      "Tensor(a!) out, bool accumulate, Tensor(b!)? found_inf) -> ()");
 }
 
 // The CPU registration only checks the arguments and then says the kernel needs CUDA tensors: a clear error instead
 // of the dispatcher's, and argument checks testable without a GPU.
-TORCH_LIBRARY_IMPL(ampkernels, CPU, m) { m.impl("scaled_matmul_wmma_", &ampkernels::scaled_matmul_wmma_); }
+TORCH_LIBRARY_IMPL(ampkernels, CPU, m) {
+  m.impl("scaled_matmul_wmma_", &ampkernels::scaled_matmul_wmma_);
+  m.impl("scaled_matmul_wgmma_", &ampkernels::scaled_matmul_wgmma_);
+}
 
 #ifdef AMPK_WITH_CUDA
-TORCH_LIBRARY_IMPL(ampkernels, CUDA, m) { m.impl("scaled_matmul_wmma_", &ampkernels::scaled_matmul_wmma_); }
+TORCH_LIBRARY_IMPL(ampkernels, CUDA, m) {
+  m.impl("scaled_matmul_wmma_", &ampkernels::scaled_matmul_wmma_);
+  m.impl("scaled_matmul_wgmma_", &ampkernels::scaled_matmul_wgmma_);
+}
 #endif

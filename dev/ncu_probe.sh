@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute on the kernels the notes leave open (dev/ncu_targets.py): speed of light, memory, warp stall
-# reasons, occupancy. Run after a build on the GPU machine: bash dev/ncu_probe.sh [unscale] [streamk] [wmma]
-# (default: all three); reports in $OUT/ncu_*.txt.
+# reasons, occupancy. Run after a build on the GPU machine: bash dev/ncu_probe.sh [unscale] [streamk] [wmma] [wgmma] [wgmma_small_k]
+# (default: the first three); reports in $OUT/ncu_*.txt.
 # ncu reads counters only on the Firecracker machines (KINDS.md); clocks left alone as METHOD.md asks.
 set -uo pipefail
 OUT=${OUT:-/tmp/ampkernels-device-out}
@@ -10,7 +10,8 @@ export PYTHONPATH=$PWD
 sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy
   --section LaunchStats --section SchedulerStats)
 # target, kernel name pattern, launches to skip, launches to profile
-declare -A specs=([unscale]="unscale_reduce_kernel 1 1" [streamk]="scaled_mm_tma_kernel 1 3" [wmma]="wmma 1 3")
+declare -A specs=([unscale]="unscale_reduce_kernel 1 1" [streamk]="scaled_mm_tma_kernel 1 3" [wmma]="wmma 1 3"
+  [wgmma]="scaled_matmul_wgmma 1 3" [wgmma_small_k]="scaled_matmul_wgmma 1 1")
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(unscale streamk wmma)
 for target in "${targets[@]}"; do

@@ -1,12 +1,16 @@
 """One launch of each kernel the notes leave open, for Nsight Compute (driven by dev/ncu_probe.sh).
 
-python3 dev/ncu_targets.py unscale|streamk|wmma
+python3 dev/ncu_targets.py unscale|streamk|wmma|wgmma
 - unscale: FusedGradScaler.unscale_ over 64 fp32 gradients of 16M elements (4.3 GB, Llama-1B scale): the write path
   at 85-88% of copy bandwidth;
 - streamk: the Triton TMA kernel on 3072x768x8192 bf16, plain then stream-K (128x256x64, 3 stages): the shared
   k-steps run ~1.6x slower per step than the plain kernel's;
 - wmma: the CUDA WMMA kernel on 8192^3 bf16 (45% of cuBLAS), 128x128x64 tiles of 4 warps, single- then
-  double-buffered fragments.
+  double-buffered fragments;
+- wgmma: the sm_90a wgmma kernel on 4096 x 4096 x 4096 bf16 (nn), 256- then 128-wide tiles (the 256-wide ones ran
+  ~25% slower per FLOP in the first measurement);
+- wgmma_small_k: the same kernel on 8192 x 3072 x 768 bf16 (x @ W.T), where it reaches 0.47x cuBLAS: ~11 us per
+  tile beyond its k-steps.
 Each target runs its kernel twice (compile/warm-up, then the one to profile).
 """
 
@@ -53,6 +57,29 @@ def wmma() -> None:
             scaled_matmul(a, b, 1.0, backend="wmma")
 
 
+def wgmma() -> None:
+    import os
+
+    from ampkernels import scaled_matmul
+
+    a = torch.randn(4096, 4096, device="cuda").bfloat16()
+    b = torch.randn(4096, 4096, device="cuda").bfloat16()
+    for width in ("256", "128"):
+        os.environ["AMPKERNELS_WGMMA_BN"] = width
+        for _ in range(2):
+            scaled_matmul(a, b, 1.0, backend="wgmma")
+
+
+def wgmma_small_k() -> None:
+    from ampkernels import scaled_matmul
+
+    a = torch.randn(8192, 768, device="cuda").bfloat16()
+    w = torch.randn(3072, 768, device="cuda").bfloat16()
+    for _ in range(2):
+        scaled_matmul(a, w.t(), 1.0, backend="wgmma")
+
+
 if __name__ == "__main__":
-    {"unscale": unscale, "streamk": streamk, "wmma": wmma}[sys.argv[1]]()
+    targets = {"unscale": unscale, "streamk": streamk, "wmma": wmma, "wgmma": wgmma, "wgmma_small_k": wgmma_small_k}
+    targets[sys.argv[1]]()
     torch.cuda.synchronize()

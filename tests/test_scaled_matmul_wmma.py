@@ -1,4 +1,5 @@
-"""Tests of the native op ``ampkernels::scaled_matmul_wmma_`` (csrc/cuda/scaled_matmul_wmma.cuh).
+"""Tests of the native ops ``ampkernels::scaled_matmul_wmma_`` (csrc/cuda/scaled_matmul_wmma.cuh) and
+``ampkernels::scaled_matmul_wgmma_`` (csrc/cuda/scaled_matmul_wgmma.cuh, sm_90a only), which share a contract.
 
 GPU tests compare against a float64 reference, ``alpha * scale * (a.double() @ b.double()) + bias (+ out_old)``, and
 allow at most twice the error of torch computing the same thing in the low-precision dtype. Outputs are poisoned
@@ -15,15 +16,38 @@ import torch
 
 from ampkernels import _backend
 
-_backend.native()  # importing ampkernels._C registers its ops
-try:
-    OP = torch.ops.ampkernels.scaled_matmul_wmma_
-except (AttributeError, RuntimeError):
-    OP = None
+_C = _backend.native()  # importing ampkernels._C registers its ops
 
-needs_op = pytest.mark.skipif(OP is None, reason="ampkernels._C is not built (or was built without this op)")
+
+def _op(name: str):
+    try:
+        return getattr(torch.ops.ampkernels, name)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+OPS = {"wmma": _op("scaled_matmul_wmma_"), "wgmma": _op("scaled_matmul_wgmma_")}
 HAS_CUDA = torch.cuda.is_available()
 HAS_BF16 = HAS_CUDA and torch.cuda.get_device_capability()[0] >= 8
+# The wgmma kernel runs on compute capability 9.0 only, and only in a build for 9.0a.
+WGMMA_RUNS = (
+    HAS_CUDA and torch.cuda.get_device_capability() == (9, 0) and "9.0a" in str(getattr(_C, "cuda_arch_list", ""))
+)
+
+
+def _skip_unless_built(name: str):
+    return pytest.mark.skipif(OPS[name] is None, reason="ampkernels._C is not built (or was built without this op)")
+
+
+# Every op for the argument checks (CPU), the ops that can run here for the GPU tests.
+ALL_OPS = [pytest.param(name, marks=_skip_unless_built(name)) for name in OPS]
+GPU_OPS = [
+    pytest.param("wmma", marks=_skip_unless_built("wmma")),
+    pytest.param(
+        "wgmma",
+        marks=[_skip_unless_built("wgmma"), pytest.mark.skipif(HAS_CUDA and not WGMMA_RUNS, reason="needs sm_90a")],
+    ),
+]
 
 IN_DTYPES = [
     torch.float16,
@@ -31,8 +55,10 @@ IN_DTYPES = [
 ]
 OUT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 LAYOUTS = [(True, True), (True, False), (False, True), (False, False)]  # (a row-major, b row-major)
-# AMPKERNELS_WMMA_TILE values the launcher knows (csrc/cuda/scaled_matmul_wmma.cu)
-TILES = ["128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]
+# Forced configurations the launchers know: AMPKERNELS_WMMA_TILE (csrc/cuda/scaled_matmul_wmma.cu) and
+# AMPKERNELS_WGMMA_BN (csrc/cuda/scaled_matmul_wgmma.cu).
+TILES = [("AMPKERNELS_WMMA_TILE", t) for t in ["128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]]
+WGMMA_WIDTHS = [("AMPKERNELS_WGMMA_BN", w) for w in ["128", "192", "256"]]
 
 
 def matrix(rows: int, cols: int, dtype, row_major: bool = True, device="cuda", scale: float = 1.0) -> torch.Tensor:
@@ -63,7 +89,7 @@ def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def run_and_check(a, b, *, mode=1, alpha=1.0, bias_dtype=None, out_dtype=None, accumulate=False, found_inf=None):
+def run_and_check(op, a, b, *, mode=1, alpha=1.0, bias_dtype=None, out_dtype=None, accumulate=False, found_inf=None):
     """Runs the op on poisoned (or random, to accumulate into) `out` and checks it against the float64 reference."""
     M, K = a.shape
     N = b.shape[1]
@@ -75,7 +101,7 @@ def run_and_check(a, b, *, mode=1, alpha=1.0, bias_dtype=None, out_dtype=None, a
     else:
         out = torch.full((M, N), math.nan, device="cuda", dtype=out_dtype)
     old = out.clone()
-    OP(a, b, scale, mode, alpha, bias, out, accumulate, found_inf)
+    OPS[op](a, b, scale, mode, alpha, bias, out, accumulate, found_inf)
 
     s = effective_scale(mode, scale, alpha, M, N)
     ref = (a.double() @ b.double()) * s
@@ -105,55 +131,62 @@ SHAPES = [
     (256, 512, 128),  # aligned, whole tiles
     (300, 264, 200),  # 16-byte rows but partial tiles on every side
     (200, 8, 520),
+    (2100, 2400, 330),  # more tiles than SMs (persistent kernels take several), k-tiles wrap the wgmma ring
 ]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "rc", "cr", "cc"])
 @pytest.mark.parametrize("dtype", IN_DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("op", GPU_OPS)
 @pytest.mark.gpu
-@needs_op
-def test_shapes_and_layouts(shape, dtype, layout):
+def test_shapes_and_layouts(op, shape, dtype, layout):
     M, N, K = shape
     a = matrix(M, K, dtype, layout[0])
     b = matrix(K, N, dtype, layout[1])
-    run_and_check(a, b, mode=1, alpha=0.75)
+    run_and_check(op, a, b, mode=1, alpha=0.75)
 
 
-@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize(
+    "op,tile",
+    [("wmma", t) for t in TILES] + [("wgmma", w) for w in WGMMA_WIDTHS],
+    ids=lambda x: x[1] if isinstance(x, tuple) else x,
+)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "rc", "cr", "cc"])
 @pytest.mark.parametrize("dtype", IN_DTYPES)
 @pytest.mark.gpu
-@needs_op
-def test_every_tile_configuration(tile, layout, dtype, monkeypatch):
-    # The launcher reads AMPKERNELS_WMMA_TILE on every call (dev knob for dev/wmma/bench.py).
-    monkeypatch.setenv("AMPKERNELS_WMMA_TILE", tile)
+def test_every_tile_configuration(op, tile, layout, dtype, monkeypatch):
+    if OPS[op] is None or (op == "wgmma" and not WGMMA_RUNS):
+        pytest.skip(f"{op} cannot run here")
+    # The launchers read these variables on every call (dev knobs for dev/wmma/bench.py).
+    monkeypatch.setenv(*tile)
     a = matrix(390, 264, dtype, layout[0])
     b = matrix(264, 520, dtype, layout[1])
-    run_and_check(a, b, mode=3, bias_dtype=torch.float32, out_dtype=torch.float32, accumulate=True)
-    run_and_check(matrix(130, 72, dtype, layout[0]), matrix(72, 136, dtype, layout[1]), mode=2)
+    run_and_check(op, a, b, mode=3, bias_dtype=torch.float32, out_dtype=torch.float32, accumulate=True)
+    run_and_check(op, matrix(130, 72, dtype, layout[0]), matrix(72, 136, dtype, layout[1]), mode=2)
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2, 3])
 @pytest.mark.parametrize("dtype", IN_DTYPES)
 @pytest.mark.parametrize("shape", [(130, 260, 72), (33, 47, 19)], ids=["aligned", "odd"])
+@pytest.mark.parametrize("op", GPU_OPS)
 @pytest.mark.gpu
-@needs_op
-def test_scale_modes(mode, dtype, shape):
+def test_scale_modes(op, mode, dtype, shape):
     M, N, K = shape
-    run_and_check(matrix(M, K, dtype), matrix(K, N, dtype), mode=mode, alpha=1.5)
+    run_and_check(op, matrix(M, K, dtype), matrix(K, N, dtype), mode=mode, alpha=1.5)
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
 @pytest.mark.parametrize("bias", ["none", "float32", "input"])
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @pytest.mark.parametrize("dtype", IN_DTYPES)
+@pytest.mark.parametrize("op", GPU_OPS)
 @pytest.mark.gpu
-@needs_op
-def test_bias_out_dtype_accumulate(dtype, out_dtype, bias, accumulate):
+def test_bias_out_dtype_accumulate(op, dtype, out_dtype, bias, accumulate):
     bias_dtype = {"none": None, "float32": torch.float32, "input": dtype}[bias]
     for M, N, K in [(96, 136, 48), (37, 29, 41)]:
         run_and_check(
+            op,
             matrix(M, K, dtype),
             matrix(K, N, dtype, row_major=False),
             mode=2,
@@ -164,41 +197,64 @@ def test_bias_out_dtype_accumulate(dtype, out_dtype, bias, accumulate):
 
 
 @pytest.mark.parametrize("dtype", IN_DTYPES)
+@pytest.mark.parametrize("op", GPU_OPS)
 @pytest.mark.gpu
-@needs_op
-def test_views_unaligned_and_padded(dtype):
-    # A misaligned start (2 bytes into the storage) takes the scalar path; a padded row stride (ld 64, K 37) the
-    # 16-byte path with partial chunks.
+def test_views_unaligned_and_padded(op, dtype):
+    # A misaligned start (2 bytes into the storage) takes the scalar path (wgmma: the WMMA kernel, TMA needs 16-byte
+    # alignment); a padded row stride (ld 64, K 37) the 16-byte path with partial chunks (wgmma: TMA, K tail zeros).
     big = torch.randn(150, 66, device="cuda").to(dtype)
     a = big[:, 1:38]  # [150, 37], stride (66, 1), offset 1 element
     b = matrix(37, 90, dtype)
-    run_and_check(a, b)
+    run_and_check(op, a, b)
     padded = torch.randn(150, 64, device="cuda").to(dtype)[:, :37]
     b_pad = torch.randn(48, 96, device="cuda").to(dtype)[:37, :90]
-    run_and_check(padded, b_pad, out_dtype=torch.float32)
-    run_and_check(padded, torch.randn(96, 48, device="cuda").to(dtype)[:90, :37].t())  # b column-major, ld 48
+    run_and_check(op, padded, b_pad, out_dtype=torch.float32)
+    run_and_check(op, padded, torch.randn(96, 48, device="cuda").to(dtype)[:90, :37].t())  # b column-major, ld 48
 
 
 @pytest.mark.parametrize("dtype", IN_DTYPES)
+@pytest.mark.parametrize("op", GPU_OPS)
 @pytest.mark.gpu
-@needs_op
-def test_empty_dims(dtype):
+def test_empty_dims(op, dtype):
+    kernel = OPS[op]
     # M = 0 or N = 0: nothing to do. K = 0: out = bias (+ out_old).
     for M, N in [(0, 16), (16, 0), (0, 0)]:
         out = torch.empty(M, N, device="cuda", dtype=dtype)
-        OP(matrix(M, 8, dtype), matrix(8, N, dtype), None, 0, 1.0, None, out, False, None)
+        kernel(matrix(M, 8, dtype), matrix(8, N, dtype), None, 0, 1.0, None, out, False, None)
     a, b = torch.empty(20, 0, device="cuda", dtype=dtype), torch.empty(0, 30, device="cuda", dtype=dtype)
     bias = torch.randn(30, device="cuda")
     out = torch.full((20, 30), math.nan, device="cuda")
-    OP(a, b, None, 0, 2.0, bias, out, False, None)
+    kernel(a, b, None, 0, 2.0, bias, out, False, None)
     assert torch.equal(out, bias.expand(20, 30))
     out = torch.full((20, 30), math.nan, device="cuda", dtype=torch.float16)
-    OP(a, b, None, 0, 2.0, None, out, False, None)
+    kernel(a, b, None, 0, 2.0, None, out, False, None)
     assert torch.equal(out, torch.zeros_like(out))
     old = torch.randn(20, 30, device="cuda")
     out = old.clone()
-    OP(a, b, None, 0, 2.0, bias, out, True, None)
+    kernel(a, b, None, 0, 2.0, bias, out, True, None)
     assert torch.equal(out, old + bias)
+
+
+def _kernels_launched(fn) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not WGMMA_RUNS or OPS["wgmma"] is None, reason="needs sm_90a")
+def test_wgmma_runs_its_own_kernel_and_falls_back_only_where_tma_cannot_read():
+    # The wgmma op is only worth having if it really runs wgmma: TMA-readable operands launch its kernel; an operand
+    # 2 bytes off 16-byte alignment, and K == 0, go to the WMMA kernel (same results, checked above).
+    a, b = matrix(256, 128, torch.bfloat16), matrix(128, 512, torch.bfloat16)
+    out = torch.empty(256, 512, device="cuda")
+    names = _kernels_launched(lambda: OPS["wgmma"](a, b, None, 0, 1.0, None, out, False, None))
+    assert any("scaled_matmul_wgmma_kernel" in n for n in names), names
+    assert not any("scaled_matmul_wmma_kernel" in n for n in names), names
+    shifted = torch.randn(256, 129, device="cuda").to(torch.bfloat16)[:, 1:]  # [256, 128], 2 bytes off alignment
+    names = _kernels_launched(lambda: OPS["wgmma"](shifted, b, None, 0, 1.0, None, out, False, None))
+    assert any("scaled_matmul_wmma_kernel" in n for n in names), names
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -208,13 +264,14 @@ def test_empty_dims(dtype):
 
 @pytest.mark.parametrize("dtype", IN_DTYPES)
 @pytest.mark.parametrize("shape", [(256, 512, 128), (65, 33, 17)], ids=["aligned", "odd"])
+@pytest.mark.parametrize("op", GPU_OPS)
 @pytest.mark.gpu
-@needs_op
-def test_found_inf(dtype, shape):
+def test_found_inf(op, dtype, shape):
+    kernel = OPS[op]
     M, N, K = shape
     a, b = matrix(M, K, dtype), matrix(K, N, dtype)
     found = torch.zeros(1, device="cuda")
-    run_and_check(a, b, found_inf=found)
+    run_and_check(op, a, b, found_inf=found)
     assert found.item() == 0.0, "set on a finite output"
 
     # One element overflows fp16 when stored (finite in fp32): found; the same product stored in fp32: not found.
@@ -223,29 +280,29 @@ def test_found_inf(dtype, shape):
     b_big[:, N - 1].fill_(1.0)
     s = torch.tensor([1e5 / K], device="cuda")  # out[M//2, N-1] = 1e5 > 65504
     out = torch.empty(M, N, device="cuda", dtype=torch.float16)
-    OP(a_big, b_big, s, 1, 1.0, None, out, False, found)
+    kernel(a_big, b_big, s, 1, 1.0, None, out, False, found)
     assert found.item() == 1.0 and out[M // 2, N - 1].isinf()
     found.zero_()
     out32 = torch.empty(M, N, device="cuda")
-    OP(a_big, b_big, s, 1, 1.0, None, out32, False, found)
+    kernel(a_big, b_big, s, 1, 1.0, None, out32, False, found)
     assert found.item() == 0.0 and out32.isfinite().all()
 
     # A NaN input anywhere: found. Never cleared by a later finite call.
     a_nan = a.clone()
     a_nan[M - 1, K - 1] = math.nan
-    OP(a_nan, b, None, 0, 1.0, None, torch.empty(M, N, device="cuda"), False, found)
+    kernel(a_nan, b, None, 0, 1.0, None, torch.empty(M, N, device="cuda"), False, found)
     assert found.item() == 1.0
-    OP(a, b, None, 0, 1.0, None, torch.empty(M, N, device="cuda"), False, found)
+    kernel(a, b, None, 0, 1.0, None, torch.empty(M, N, device="cuda"), False, found)
     assert found.item() == 1.0, "found_inf was cleared"
 
     # Non-finite from accumulate (out_old inf) and from the scale.
     found.zero_()
     out = torch.randn(M, N, device="cuda")
     out[0, 0] = math.inf
-    OP(a, b, None, 0, 1.0, None, out, True, found)
+    kernel(a, b, None, 0, 1.0, None, out, True, found)
     assert found.item() == 1.0
     found.zero_()
-    OP(a, b, torch.tensor([math.inf], device="cuda"), 1, 1.0, None, torch.empty(M, N, device="cuda"), False, found)
+    kernel(a, b, torch.tensor([math.inf], device="cuda"), 1, 1.0, None, torch.empty(M, N, device="cuda"), False, found)
     assert found.item() == 1.0
 
 
@@ -254,11 +311,11 @@ def test_found_inf(dtype, shape):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@needs_op
-def test_schema():
-    schema = str(OP.default._schema)
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_schema(op):
+    schema = str(OPS[op].default._schema)
     assert schema == (
-        "ampkernels::scaled_matmul_wmma_(Tensor a, Tensor b, Tensor? scale, int scale_mode, float alpha, "
+        f"ampkernels::scaled_matmul_{op}_(Tensor a, Tensor b, Tensor? scale, int scale_mode, float alpha, "
         "Tensor? bias, Tensor(a!) out, bool accumulate, Tensor(b!)? found_inf) -> ()"
     )
 
@@ -308,20 +365,20 @@ BAD = [
 ]
 
 
-@needs_op
+@pytest.mark.parametrize("op", ALL_OPS)
 @pytest.mark.parametrize("arg,over,msg", BAD, ids=[f"{i}-{x[0]}" for i, x in enumerate(BAD)])
-def test_bad_arguments(arg, over, msg):
+def test_bad_arguments(op, arg, over, msg):
     with pytest.raises(RuntimeError) as info:
-        OP(**_cpu_args(**over))
+        OPS[op](**_cpu_args(**over))
     text = str(info.value)
     assert f"argument '{arg}'" in text and msg in text, text
 
 
-@needs_op
+@pytest.mark.parametrize("op", GPU_OPS)
 @pytest.mark.gpu
-def test_bad_devices():
+def test_bad_devices(op):
     args = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in _cpu_args().items()}
     for name in ["b", "scale", "bias", "out", "found_inf"]:
         bad = dict(args, **{name: args[name].cpu()})
         with pytest.raises(RuntimeError, match=f"argument '{name}'.*expected a tensor on cuda"):
-            OP(**bad)
+            OPS[op](**bad)

@@ -1,0 +1,183 @@
+// Launcher of the wgmma scaled matmul (kernels: scaled_matmul_wgmma.cuh; instantiations:
+// scaled_matmul_wgmma_<dtype>_<width>.cu, one file each so that ninja compiles them in parallel): TMA tensor maps,
+// tile width, dispatch over dtype x width x layouts.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "../checks.h"
+#include "../scaled_matmul.h"
+#include "scaled_matmul_wgmma.cuh"
+
+namespace ampkernels {
+namespace wgmma_mm {
+
+extern template void launch_layouts<__nv_bfloat16, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
+                                                        int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
+                                                        int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
+                                                        int, cudaStream_t);
+extern template void launch_layouts<__half, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                 cudaStream_t);
+extern template void launch_layouts<__half, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                 cudaStream_t);
+extern template void launch_layouts<__half, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                 cudaStream_t);
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (fn == nullptr) {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found));
+    TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr,
+                "ampkernels: scaled_matmul_wgmma_: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
+    fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }
+  return fn;
+}
+
+// A 2-D tensor map over 16-bit elements: `inner` contiguous elements per line, `outer` lines `ld` elements apart;
+// boxes of box_inner x box_outer, 128-byte swizzled, zeros outside the matrix.
+CUtensorMap tensor_map(const void* base, bool bf16, int64_t inner, int64_t outer, int64_t ld, int box_inner,
+                       int box_outer) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_outer)};
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult r = encode_tiled()(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                    const_cast<void*>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, "ampkernels: scaled_matmul_wgmma_: cuTensorMapEncodeTiled failed (error ",
+              static_cast<int>(r), ") for a ", outer, " x ", inner, " operand with leading dimension ", ld);
+  return map;
+}
+
+int compute_capability(int dev) {
+  static int cached[64] = {};
+  if (dev < 64 && cached[dev] > 0) return cached[dev];
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (dev < 64) cached[dev] = 10 * major + minor;
+  return 10 * major + minor;
+}
+
+int sm_count(int dev) {
+  static int cached[64] = {};
+  if (dev < 64 && cached[dev] > 0) return cached[dev];
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (dev < 64) cached[dev] = sms;
+  return sms;
+}
+
+// Tile width: the one whose waves cost least, a narrower tile paying for its lower MMA efficiency. NOTE: estimates
+// (m64n128 and m64n192 keep the tensor cores less busy per shared-memory byte than m64n256); 8192^3 -> 256,
+// 8192 x 768 -> 192 (256 tiles: 1.9 waves where 256 leaves 1.45), AMPKERNELS_WGMMA_BN forces one.
+int choose_bn(int M, int N, int sms) {
+  if (const char* forced = std::getenv("AMPKERNELS_WGMMA_BN")) {
+    const int bn = std::atoi(forced);
+    if (bn == 128 || bn == 192 || bn == 256) return bn;
+  }
+  const int64_t tiles_m = (M + kBM - 1) / kBM;
+  int best = 256;
+  double best_cost = 0;
+  for (int bn : {256, 192, 128}) {
+    const int64_t tiles = tiles_m * ((N + bn - 1) / bn);
+    const int64_t waves = (tiles + sms - 1) / sms;
+    const double cost = double(waves) * bn * (bn == 256 ? 1.0 : (bn == 192 ? 1.03 : 1.08));
+    if (bn == 256 || cost < best_cost) {
+      best = bn;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+}  // namespace wgmma_mm
+
+bool scaled_matmul_wgmma_built() { return std::strstr(AMPK_CUDA_ARCH_LIST, "9.0a") != nullptr; }
+
+// Args: the checked arguments of ampkernels::scaled_matmul_wgmma_ (scaled_matmul_ops.cpp), on one CUDA device.
+// Returns: true when the wgmma kernel ran; false when it cannot take these operands (TMA needs 16-byte-aligned bases
+// and leading dimensions, and K > 0), and the caller runs the WMMA kernel instead.
+bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args) {
+  using namespace wgmma_mm;
+  const at::Tensor& a = args.a;
+  const int64_t M = a.size(0), K = a.size(1), N = args.b.size(1);
+  AMPK_CHECK_ARG(scaled_matmul_wgmma_built(), "a",
+                 "this build of ampkernels has no wgmma kernel: rebuild with TORCH_CUDA_ARCH_LIST including 9.0a "
+                 "(built for \"", AMPK_CUDA_ARCH_LIST, "\")");
+  const int dev = a.get_device();
+  const int cc = compute_capability(dev);
+  AMPK_CHECK_ARG(cc == 90, "a", "the wgmma kernel needs a compute capability 9.0 GPU (H100, H200), got ", cc / 10,
+                 ".", cc % 10, " on ", a.device());
+  if (M == 0 || N == 0) return true;
+  const void* pa = a.data_ptr();
+  const void* pb = args.b.data_ptr();
+  if (K == 0 || !aligned16(pa) || !aligned16(pb) || args.la.ld % 8 != 0 || args.lb.ld % 8 != 0) return false;
+  const c10::cuda::CUDAGuard guard(a.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev);
+  const bool bf16 = a.scalar_type() == at::kBFloat16;
+  const int sms = sm_count(dev);
+
+  Params p{};
+  p.a = static_cast<const uint16_t*>(pa);
+  p.b = static_cast<const uint16_t*>(pb);
+  p.lda = args.la.ld;
+  p.ldb = args.lb.ld;
+  p.row_a = args.la.row_major;
+  p.row_b = args.lb.row_major;
+  p.M = static_cast<int>(M);
+  p.N = static_cast<int>(N);
+  p.K = static_cast<int>(K);
+  p.scale = args.scale.defined() ? args.scale.data_ptr<float>() : nullptr;
+  p.scale_mode = static_cast<int>(args.scale_mode);
+  p.alpha = static_cast<float>(args.alpha);
+  p.bias = args.bias.defined() ? args.bias.data_ptr() : nullptr;
+  p.bias_kind = !args.bias.defined()
+                    ? wmma_mm::kBiasNone
+                    : (args.bias.scalar_type() == at::kFloat ? wmma_mm::kBiasF32 : wmma_mm::kBiasInput);
+  p.out = args.out.data_ptr();
+  const at::ScalarType od = args.out.scalar_type();
+  p.out_kind = od == at::kFloat ? kOutF32 : (od == at::kHalf ? kOutF16 : wmma_mm::kOutBF16);
+  p.accumulate = args.accumulate;
+  p.out_vec = aligned16(p.out) && N % 8 == 0;
+  p.found_inf = args.found_inf.defined() ? args.found_inf.data_ptr<float>() : nullptr;
+
+  const int bn = choose_bn(p.M, p.N, sms);
+  p.tiles_m = (p.M + kBM - 1) / kBM;
+  p.tiles_n = (p.N + bn - 1) / bn;
+  // a: row-major [M, K] -> lines of K, boxes 64 (K) x 128 (M); column-major -> lines of M, boxes 64 (M) x 64 (K).
+  const CUtensorMap ma =
+      p.row_a ? tensor_map(pa, bf16, K, M, p.lda, kBK, kBM) : tensor_map(pa, bf16, M, K, p.lda, kBox, kBK);
+  // b: row-major [K, N] -> lines of N, boxes 64 (N) x 64 (K); column-major -> lines of K, boxes 64 (K) x BN (N).
+  const CUtensorMap mb =
+      p.row_b ? tensor_map(pb, bf16, N, K, p.ldb, kBox, kBK) : tensor_map(pb, bf16, K, N, p.ldb, kBK, bn);
+  if (bf16) {
+    if (bn == 256) launch_layouts<__nv_bfloat16, 256>(p, ma, mb, dev, sms, stream);
+    else if (bn == 192) launch_layouts<__nv_bfloat16, 192>(p, ma, mb, dev, sms, stream);
+    else launch_layouts<__nv_bfloat16, 128>(p, ma, mb, dev, sms, stream);
+  } else {
+    if (bn == 256) launch_layouts<__half, 256>(p, ma, mb, dev, sms, stream);
+    else if (bn == 192) launch_layouts<__half, 192>(p, ma, mb, dev, sms, stream);
+    else launch_layouts<__half, 128>(p, ma, mb, dev, sms, stream);
+  }
+  return true;
+}
+
+}  // namespace ampkernels
