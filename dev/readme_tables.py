@@ -56,20 +56,24 @@ def training(doc: dict) -> list[str]:
 
 
 def scaled_matmul(doc: dict) -> list[str]:
+    has_wgmma = any(r["implementation"] == "wgmma" for r in doc["rows"])
     lines = [
         "| dtype | M×N×K layout | cuBLAS mm TFLOP/s | cuBLAS then scale | Triton TFLOP/s (× mm, × mm+scale) "
-        "| WMMA TFLOP/s (× mm) |",
-        "|---|---|---:|---:|---:|---:|",
+        + ("| CUDA wgmma (× mm, × mm+scale) " if has_wgmma else "")
+        + "| CUDA WMMA (× mm) |",
+        "|---|---|---:|---:|---:|" + ("---:|" if has_wgmma else "") + "---:|",
     ]
     cases: dict[tuple, dict] = {}
     for r in doc["rows"]:
         cases.setdefault((r["dtype"], r["case"]), {})[r["implementation"]] = r
     for (dtype, case), by in cases.items():
         t, w = by["triton"], by["wmma"]
+        g = by.get("wgmma")
+        wgmma = f" {g['tflops']:.0f} ({g['vs_cublas_mm']:.2f}, {g['vs_cublas_then_scale']:.2f}) |" if g else ""
         lines.append(
             f"| {DTYPES.get(dtype, dtype)} | {case} | {by['cublas_mm']['tflops']:.0f} | "
             f"{by['cublas_then_scale']['tflops']:.0f} | {t['tflops']:.0f} ({t['vs_cublas_mm']:.2f}, "
-            f"{t['vs_cublas_then_scale']:.2f}) | {w['tflops']:.0f} ({w['vs_cublas_mm']:.2f}) |"
+            f"{t['vs_cublas_then_scale']:.2f}) |{wgmma} {w['tflops']:.0f} ({w['vs_cublas_mm']:.2f}) |"
         )
     lines.append("")
     for s in doc["summary"]:
