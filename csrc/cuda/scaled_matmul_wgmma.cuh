@@ -106,10 +106,10 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t leading, u
          (uint64_t((stride >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
 
-// Descriptor of the k-th 16-deep slice of a 64-deep operand tile whose rows (M or N) are `rows` long.
-// K-major (rows of 64 k values, 128 B): 8-row atoms 1024 B apart, a slice 32 B further in the row.
-// M/N-major (rows of 64 M/N values per box, one box per 64 columns): 8-k-row atoms 1024 B apart, boxes
-// (64 columns x 64 k rows = 8 KB) LBO apart, a slice 16 k rows = 2048 B further.
+// Descriptor of the k-th 16-deep slice of a 64-deep operand tile in the ring.
+// K-major (one 128-byte row of 64 k values per M or N index): 8-row atoms 1024 B apart (SBO), a slice 32 B further
+// along the row. M/N-major (one 128-byte row of 64 M or N values per k, a box per 64 columns): 8-k-row atoms 1024 B
+// apart (SBO), boxes of 64 columns x 64 k rows = 8 KB apart (LBO), a slice 16 k rows = 2048 B further.
 template <bool kMNMajor>
 __device__ __forceinline__ uint64_t slice_desc(const uint8_t* tile, int k) {
   if constexpr (kMNMajor) {
