@@ -458,6 +458,7 @@ def _bad_cases():
         "found_inf": (lambda: scaled_matmul(a, b, 1.0, found_inf=torch.zeros(1, dtype=torch.float16)), "'found_inf'"),
         "backend": (lambda: scaled_matmul(a, b, 1.0, backend="cublas"), "'backend'"),
         "wmma on cpu": (lambda: scaled_matmul(a, b, 1.0, backend="wmma"), "wmma"),
+        "wgmma on cpu": (lambda: scaled_matmul(a, b, 1.0, backend="wgmma"), "wgmma"),
         "out + grad": (lambda: scaled_matmul(a.requires_grad_(), b, 1.0, out=torch.empty(8, 12).half()), "'out'.*grad"),
     }
 
@@ -518,7 +519,23 @@ def test_backend_choice(monkeypatch):
     monkeypatch.delenv("AMPKERNELS_SCALED_MATMUL_BACKEND")
     with pytest.raises(RuntimeError, match="wmma"):
         sm_module.select_backend(cpu, "wmma")
+    with pytest.raises(RuntimeError, match="wgmma"):
+        sm_module.select_backend(cpu, "wgmma")
     assert ampkernels.scaled_matmul is scaled_matmul and ampkernels.ScaledLinear is ScaledLinear
+
+
+def test_wgmma_needs_a_build_for_9_0a(monkeypatch):
+    # The wgmma kernel exists only in sm_90a code: a build without 9.0a in TORCH_CUDA_ARCH_LIST must say so (and the
+    # default order then moves on to WMMA) before anything asks the GPU.
+    if sm_module._wgmma_op() is None:
+        pytest.skip("ampkernels._C is not built")
+
+    class BuiltForSm90:
+        cuda_arch_list = "8.0;9.0"
+
+    monkeypatch.setattr(sm_module._backend, "native", lambda: BuiltForSm90)
+    reason = sm_module.why_not("wgmma", torch.device("cuda"))
+    assert reason is not None and "9.0a" in reason, reason
 
 
 def test_info_reports_the_backend():
