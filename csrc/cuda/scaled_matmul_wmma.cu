@@ -37,26 +37,46 @@ extern template void launch_tuned<__nv_bfloat16, CfgX>(const Params&, bool, bool
 extern template void launch_tuned<__half, CfgXD>(const Params&, bool, bool, int, cudaStream_t);
 extern template void launch_tuned<__nv_bfloat16, CfgXD>(const Params&, bool, bool, int, cudaStream_t);
 
-namespace {
-
-// Compute-capability major and opt-in shared memory per block, read once per device (cudaDeviceGetAttribute is not
-// free on the launch path).
-struct DeviceInfo {
-  int major = 0;
-  int max_smem = 0;
-  int sms = 0;
-};
-
 DeviceInfo device_info(int dev) {
   static DeviceInfo cached[64];
   if (dev < 64 && cached[dev].major > 0) return cached[dev];
   DeviceInfo info;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev));
   if (dev < 64) cached[dev] = info;
   return info;
 }
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+Params params_of(const ScaledMatmulArgs& args) {
+  Params p{};
+  p.a = static_cast<const uint16_t*>(args.a.data_ptr());
+  p.b = static_cast<const uint16_t*>(args.b.data_ptr());
+  p.lda = args.la.ld;
+  p.ldb = args.lb.ld;
+  p.row_a = args.la.row_major;
+  p.row_b = args.lb.row_major;
+  p.M = static_cast<int>(args.a.size(0));
+  p.N = static_cast<int>(args.b.size(1));
+  p.K = static_cast<int>(args.a.size(1));
+  p.scale = args.scale.defined() ? args.scale.data_ptr<float>() : nullptr;
+  p.scale_mode = static_cast<int>(args.scale_mode);
+  p.alpha = static_cast<float>(args.alpha);
+  p.bias = args.bias.defined() ? args.bias.data_ptr() : nullptr;
+  p.bias_kind = !args.bias.defined() ? kBiasNone : (args.bias.scalar_type() == at::kFloat ? kBiasF32 : kBiasInput);
+  p.out = args.out.data_ptr();
+  const at::ScalarType od = args.out.scalar_type();
+  p.out_kind = od == at::kFloat ? kOutF32 : (od == at::kHalf ? kOutF16 : kOutBF16);
+  p.accumulate = args.accumulate;
+  p.out_vec = aligned16(p.out) && p.N % 8 == 0;
+  p.found_inf = args.found_inf.defined() ? args.found_inf.data_ptr<float>() : nullptr;
+  return p;
+}
+
+namespace {
 
 template <typename C>
 bool fits(int max_smem) {
@@ -106,8 +126,6 @@ void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
   launch_one<T, CfgP, true, true, false>(p, dev, stream);
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 }  // namespace wmma_mm
 
@@ -116,8 +134,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 void scaled_matmul_wmma_cuda(const ScaledMatmulArgs& args) {
   using namespace wmma_mm;
   const at::Tensor& a = args.a;
-  const int64_t M = a.size(0), K = a.size(1), N = args.b.size(1);
-  if (M == 0 || N == 0) return;
+  if (a.size(0) == 0 || args.b.size(1) == 0) return;
   const c10::cuda::CUDAGuard guard(a.device());
   const int dev = a.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev);
@@ -125,27 +142,7 @@ void scaled_matmul_wmma_cuda(const ScaledMatmulArgs& args) {
   AMPK_CHECK_ARG(!bf16 || device_info(dev).major >= 8, "a",
                  "bfloat16 tensor-core matmul needs compute capability 8.0 or newer; use float16 on this GPU");
 
-  Params p{};
-  p.a = static_cast<const uint16_t*>(a.data_ptr());
-  p.b = static_cast<const uint16_t*>(args.b.data_ptr());
-  p.lda = args.la.ld;
-  p.ldb = args.lb.ld;
-  p.row_a = args.la.row_major;
-  p.row_b = args.lb.row_major;
-  p.M = static_cast<int>(M);
-  p.N = static_cast<int>(N);
-  p.K = static_cast<int>(K);
-  p.scale = args.scale.defined() ? args.scale.data_ptr<float>() : nullptr;
-  p.scale_mode = static_cast<int>(args.scale_mode);
-  p.alpha = static_cast<float>(args.alpha);
-  p.bias = args.bias.defined() ? args.bias.data_ptr() : nullptr;
-  p.bias_kind = !args.bias.defined() ? kBiasNone : (args.bias.scalar_type() == at::kFloat ? kBiasF32 : kBiasInput);
-  p.out = args.out.data_ptr();
-  const at::ScalarType od = args.out.scalar_type();
-  p.out_kind = od == at::kFloat ? kOutF32 : (od == at::kHalf ? kOutF16 : kOutBF16);
-  p.accumulate = args.accumulate;
-  p.out_vec = aligned16(p.out) && N % 8 == 0;
-  p.found_inf = args.found_inf.defined() ? args.found_inf.data_ptr<float>() : nullptr;
+  const Params p = params_of(args);
   // 16-byte copies need 16-byte-aligned bases and row strides (a multiple of 8 elements).
   const bool vec = aligned16(p.a) && aligned16(p.b) && p.lda % 8 == 0 && p.ldb % 8 == 0;
   if (bf16)

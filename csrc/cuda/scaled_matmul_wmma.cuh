@@ -27,6 +27,9 @@
 #include <type_traits>
 
 namespace ampkernels {
+
+struct ScaledMatmulArgs;  // scaled_matmul.h
+
 namespace wmma_mm {
 
 constexpr int kPad = 8;     // halfs of padding per shared-memory row
@@ -508,6 +511,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) scaled_matmul_wmma
 void raise_smem_limit(const void* kernel, int bytes, int dev, bool* raised_per_device);
 void check_grid(int64_t blocks, int M, int N);
 void check_last_launch();
+
+// Host helpers shared with the wgmma launcher (defined in scaled_matmul_wmma.cu).
+struct DeviceInfo {  // read once per device: cudaDeviceGetAttribute is not free on the launch path
+  int major = 0;
+  int minor = 0;
+  int max_smem = 0;  // opt-in shared memory per block
+  int sms = 0;
+};
+DeviceInfo device_info(int dev);
+bool aligned16(const void* ptr);
+// Params of the checked op arguments, all but the tile counts (they depend on the tile the launcher picks).
+Params params_of(const ScaledMatmulArgs& args);
 
 template <typename T, typename C, bool kRowA, bool kRowB, bool kVec>
 void launch_one(const Params& p, int dev, cudaStream_t stream) {
