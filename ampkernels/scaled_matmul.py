@@ -107,8 +107,8 @@ def select_backend(device: torch.device, backend: str | None = None) -> str:
     """The backend for a call on ``device``: ``backend`` if given (error if it cannot run), else
     ``AMPKERNELS_SCALED_MATMUL_BACKEND`` / ``AMPKERNELS_BACKEND`` (``native`` means ``wmma``), else the first of
     triton → wgmma → wmma → torch that runs. NOTE (H200, README's benchmark table): Triton 0.97x cuBLAS as a geomean,
-    the wgmma kernel 0.91x (its epilogue does not overlap the next tile's k-steps yet), WMMA 0.40x (mma.sync). On CPU
-    tensors the default is the reference (the Triton interpreter is for tests)."""
+    the wgmma kernel 0.95x (ahead of Triton on the 768-wide shapes, behind on the others), WMMA 0.40x (mma.sync). On
+    CPU tensors the default is the reference (the Triton interpreter is for tests)."""
     device = torch.device(device)
     requested = _requested_backend(backend)
     if requested is not None:

@@ -11,7 +11,7 @@ sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Warp
   --section LaunchStats --section SchedulerStats)
 # target, kernel name pattern, launches to skip, launches to profile
 declare -A specs=([unscale]="unscale_reduce_kernel 1 1" [streamk]="scaled_mm_tma_kernel 1 3" [wmma]="wmma 1 3"
-  [wgmma]="scaled_matmul_wgmma 1 3" [wgmma_small_k]="scaled_matmul_wgmma 1 3")
+  [wgmma]="scaled_matmul_wgmma 1 3" [wgmma_small_k]="scaled_matmul_wgmma 1 1")
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(unscale streamk wmma)
 for target in "${targets[@]}"; do

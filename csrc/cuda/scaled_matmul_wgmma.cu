@@ -1,6 +1,6 @@
 // Launcher of the wgmma scaled matmul (kernels: scaled_matmul_wgmma.cuh; instantiations:
-// scaled_matmul_wgmma_<dtype>_<tile>.cu, one file each so that ninja compiles them in parallel): TMA tensor maps,
-// tile width and consumer schedule, dispatch over dtype x tile x layouts.
+// scaled_matmul_wgmma_<dtype>_<width>.cu, one file each so that ninja compiles them in parallel): TMA tensor maps,
+// tile width, dispatch over dtype x width x layouts.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -17,22 +17,18 @@
 namespace ampkernels {
 namespace wgmma_mm {
 
-extern template void launch_layouts<__nv_bfloat16, 256, false>(const Params&, const CUtensorMap&, const CUtensorMap&,
-                                                               int, int, cudaStream_t);
-extern template void launch_layouts<__nv_bfloat16, 192, false>(const Params&, const CUtensorMap&, const CUtensorMap&,
-                                                               int, int, cudaStream_t);
-extern template void launch_layouts<__nv_bfloat16, 128, false>(const Params&, const CUtensorMap&, const CUtensorMap&,
-                                                               int, int, cudaStream_t);
-extern template void launch_layouts<__nv_bfloat16, 128, true>(const Params&, const CUtensorMap&, const CUtensorMap&,
-                                                              int, int, cudaStream_t);
-extern template void launch_layouts<__half, 256, false>(const Params&, const CUtensorMap&, const CUtensorMap&,
-                                                        int, int, cudaStream_t);
-extern template void launch_layouts<__half, 192, false>(const Params&, const CUtensorMap&, const CUtensorMap&,
-                                                        int, int, cudaStream_t);
-extern template void launch_layouts<__half, 128, false>(const Params&, const CUtensorMap&, const CUtensorMap&,
-                                                        int, int, cudaStream_t);
-extern template void launch_layouts<__half, 128, true>(const Params&, const CUtensorMap&, const CUtensorMap&,
-                                                       int, int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
+                                                        int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
+                                                        int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
+                                                        int, cudaStream_t);
+extern template void launch_layouts<__half, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                 cudaStream_t);
+extern template void launch_layouts<__half, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                 cudaStream_t);
+extern template void launch_layouts<__half, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                 cudaStream_t);
 
 namespace {
 
@@ -67,54 +63,24 @@ CUtensorMap tensor_map(const void* base, bool bf16, int64_t inner, int64_t outer
   return map;
 }
 
-// A tile width and consumer schedule (scaled_matmul_wgmma.cuh).
-struct Variant {
-  int bn;
-  bool ping_pong;
-};
-
-constexpr Variant kVariants[] = {{256, false}, {192, false}, {128, false}, {128, true}};
-constexpr const char* kVariantNames[] = {"coop256", "coop192", "coop128", "pingpong128"};
-
-// Estimated time of one SM's share, in 128 x 128 x 64 k-steps at the 256-wide tiles' MMA rate. A cooperative block
-// runs its tiles one after another, each its k-steps then its epilogue (tensor cores idle; each consumer stores 64 x
-// BN outputs); a ping-pong block hides all but its last epilogue (one consumer stores 128 x 128) under the other
-// consumer's k-steps, unless the epilogue is the longer of the two.
-// NOTE: rates of the narrower tiles (fewer FLOPs per shared-memory byte) from dev/wgmma/NOTES.md v2; kEpilogue from
-// the v3 benchmark: 8192x3072x768 (12 k-steps a tile) spends ~3.8 us a 128x256 tile beyond its k-steps (~0.4 us a
-// 128x128 quarter), 8192^3 the same 3.8 us in ~100.
-constexpr double kRate256 = 1.0, kRate192 = 1.03, kRate128 = 1.08, kRatePingPong = 1.08;
-constexpr double kEpilogue = 9.5;  // one consumer storing 128 x 128 outputs (or 64 x 256)
-
-double cost(Variant v, int64_t tiles_m, int64_t N, int64_t k_tiles, int sms) {
-  const int64_t tiles = tiles_m * ((N + v.bn - 1) / v.bn);
-  const int64_t per_block = (tiles + sms - 1) / sms;
-  if (!v.ping_pong) {
-    const double rate = v.bn == 256 ? kRate256 : (v.bn == 192 ? kRate192 : kRate128);
-    return per_block * (v.bn / 128.0 * k_tiles * rate + kEpilogue * v.bn / 256.0);
+// Tile width: the one whose waves cost least, a narrower tile paying for its lower MMA efficiency. NOTE: estimates
+// (m64n128 and m64n192 keep the tensor cores less busy per shared-memory byte than m64n256); 8192^3 -> 256,
+// 8192 x 768 -> 192 (256 tiles: 1.9 waves where 256 leaves 1.45), AMPKERNELS_WGMMA_BN forces one.
+int choose_bn(int M, int N, int sms) {
+  if (const char* forced = std::getenv("AMPKERNELS_WGMMA_BN")) {
+    const int bn = std::atoi(forced);
+    if (bn == 128 || bn == 192 || bn == 256) return bn;
   }
-  const double mma = k_tiles * kRatePingPong;
-  const double shared = per_block * mma + kEpilogue;               // tensor cores always busy
-  const double chain = ((per_block + 1) / 2) * (mma + kEpilogue);  // one consumer's tiles back to back
-  return shared > chain ? shared : chain;
-}
-
-Variant choose_variant(int64_t M, int64_t N, int64_t K, int sms) {
-  if (const char* forced = std::getenv("AMPKERNELS_WGMMA_TILE")) {
-    for (int i = 0; i < 4; ++i) {
-      if (std::strcmp(forced, kVariantNames[i]) == 0) return kVariants[i];
-    }
-    TORCH_CHECK(false, "ampkernels: AMPKERNELS_WGMMA_TILE must be coop256, coop192, coop128 or pingpong128, got \"",
-                forced, "\"");
-  }
-  const int64_t tiles_m = (M + kBM - 1) / kBM, k_tiles = (K + kBK - 1) / kBK;
-  Variant best = kVariants[0];
-  double best_cost = cost(best, tiles_m, N, k_tiles, sms);
-  for (const Variant& v : kVariants) {
-    const double c = cost(v, tiles_m, N, k_tiles, sms);
-    if (c < best_cost) {
-      best = v;
-      best_cost = c;
+  const int64_t tiles_m = (M + kBM - 1) / kBM;
+  int best = 256;
+  double best_cost = 0;
+  for (int bn : {256, 192, 128}) {
+    const int64_t tiles = tiles_m * ((N + bn - 1) / bn);
+    const int64_t waves = (tiles + sms - 1) / sms;
+    const double cost = double(waves) * bn * (bn == 256 ? 1.0 : (bn == 192 ? 1.03 : 1.08));
+    if (bn == 256 || cost < best_cost) {
+      best = bn;
+      best_cost = cost;
     }
   }
   return best;
@@ -148,28 +114,26 @@ bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args) {
   const c10::cuda::CUDAGuard guard(a.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev);
   const bool bf16 = a.scalar_type() == at::kBFloat16;
+  const int sms = info.sms;
 
   Params p = wmma_mm::params_of(args);
-  const Variant v = choose_variant(M, N, K, info.sms);
+  const int bn = choose_bn(p.M, p.N, sms);
   p.tiles_m = (p.M + kBM - 1) / kBM;
-  p.tiles_n = (p.N + v.bn - 1) / v.bn;
+  p.tiles_n = (p.N + bn - 1) / bn;
   // a: row-major [M, K] -> lines of K, boxes 64 (K) x 128 (M); column-major -> lines of M, boxes 64 (M) x 64 (K).
   const CUtensorMap ma =
       p.row_a ? tensor_map(pa, bf16, K, M, p.lda, kBK, kBM) : tensor_map(pa, bf16, M, K, p.lda, kBox, kBK);
   // b: row-major [K, N] -> lines of N, boxes 64 (N) x 64 (K); column-major -> lines of K, boxes 64 (K) x BN (N).
   const CUtensorMap mb =
-      p.row_b ? tensor_map(pb, bf16, N, K, p.ldb, kBox, kBK) : tensor_map(pb, bf16, K, N, p.ldb, kBK, v.bn);
-  const int sms = info.sms;
+      p.row_b ? tensor_map(pb, bf16, N, K, p.ldb, kBox, kBK) : tensor_map(pb, bf16, K, N, p.ldb, kBK, bn);
   if (bf16) {
-    if (v.ping_pong) launch_layouts<__nv_bfloat16, 128, true>(p, ma, mb, dev, sms, stream);
-    else if (v.bn == 256) launch_layouts<__nv_bfloat16, 256, false>(p, ma, mb, dev, sms, stream);
-    else if (v.bn == 192) launch_layouts<__nv_bfloat16, 192, false>(p, ma, mb, dev, sms, stream);
-    else launch_layouts<__nv_bfloat16, 128, false>(p, ma, mb, dev, sms, stream);
+    if (bn == 256) launch_layouts<__nv_bfloat16, 256>(p, ma, mb, dev, sms, stream);
+    else if (bn == 192) launch_layouts<__nv_bfloat16, 192>(p, ma, mb, dev, sms, stream);
+    else launch_layouts<__nv_bfloat16, 128>(p, ma, mb, dev, sms, stream);
   } else {
-    if (v.ping_pong) launch_layouts<__half, 128, true>(p, ma, mb, dev, sms, stream);
-    else if (v.bn == 256) launch_layouts<__half, 256, false>(p, ma, mb, dev, sms, stream);
-    else if (v.bn == 192) launch_layouts<__half, 192, false>(p, ma, mb, dev, sms, stream);
-    else launch_layouts<__half, 128, false>(p, ma, mb, dev, sms, stream);
+    if (bn == 256) launch_layouts<__half, 256>(p, ma, mb, dev, sms, stream);
+    else if (bn == 192) launch_layouts<__half, 192>(p, ma, mb, dev, sms, stream);
+    else launch_layouts<__half, 128>(p, ma, mb, dev, sms, stream);
   }
   return true;
 }

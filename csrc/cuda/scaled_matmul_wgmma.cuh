@@ -10,16 +10,12 @@
 // columns, grouped order) in a static round-robin.
 // - Warpgroup 0 (one thread, 40 registers) is the producer: TMA copies of each 128 x 64 A tile and BN x 64 B tile
 //   into a ring of STAGES stages, 128-byte swizzled, completion counted on the stage's `full` mbarrier.
-// - Warpgroups 1 and 2 (232 registers each) are the consumers: m64nBNk16 wgmmas straight from shared memory, one
-//   group in flight, the stage handed back (`empty` mbarrier) when the group after it was issued. Then the epilogue,
-//   32 columns at a time through the last k-tile's stage: scale, bias, old output in fp32, cast, 16-byte stores,
-//   found_inf from the values as stored (the WMMA kernel's store8). Meanwhile the producer already fills the other
-//   stages for the next tile. Two schedules:
-//   - cooperative: both consumers on every tile, 64 rows each (BN 256, 192 or 128). Both run their epilogues at the
-//     same time, and the tensor cores wait for them;
-//   - ping-pong (BN 128): the consumers take turns, each with all 128 rows of its own tiles, so that one's epilogue
-//     runs while the other's wgmmas keep the tensor cores busy. Pays off where the epilogue is a large part of a
-//     tile (small K); the launcher picks by its cost model (scaled_matmul_wgmma.cu).
+// - Warpgroups 1 and 2 (232 registers each) are the consumers, 64 rows of the tile each: four m64nBNk16 wgmmas per
+//   stage straight from shared memory, one group in flight, the stage handed back (`empty` mbarrier) when the group
+//   after it was issued. Then the epilogue through the consumer's part of the last k-tile's stage: the common case
+//   (one scale, no bias, no accumulation, 16-bit output) scaled and rounded in the registers, 64 columns at a time;
+//   the others in fp32, 32 columns at a time, with the WMMA kernel's store8 (scale, bias, old output, cast). 16-byte
+//   stores; found_inf from the values as stored. Meanwhile the producer already fills the other stages.
 // Any of the four operand layouts: a K-major operand (row-major a, column-major b) is one TMA box per tile; an
 // M/N-major one (a transposed view) is copied in 64-wide boxes and read with wgmma's transpose bit.
 #pragma once
@@ -48,10 +44,8 @@ constexpr int kThreads = 384;          // producer + two consumer warpgroups
 constexpr int kAStageBytes = kBM * kBK * 2;
 constexpr int kHalfABytes = kAStageBytes / 2;  // one consumer's 64 rows
 constexpr int kSwizzleAtom = 1024;     // 8 rows of 128 bytes: the unit of the 128-byte swizzle
-// Epilogue scratch: 64 rows x 32 fp32 columns per consumer = 8 KB. Cooperative: the consumer's own A rows of the
-// stage of the tile's last k-tile (read by no one else, done once its wgmmas are), handed back after the epilogue.
-// Ping-pong: 8 KB of its own after the ring, because the producer fills the ring in order: a stage held through one
-// consumer's epilogue stops the other consumer's k-steps a ring's length later.
+// Epilogue scratch: 64 rows x 32 fp32 columns per consumer = 8 KB, in the consumer's own A rows of the stage of the
+// tile's last k-tile (read by no one else, done once its wgmmas are), which it hands back after the epilogue.
 constexpr int kScratchFloats = 64 * 32;
 static_assert(kScratchFloats * 4 == kHalfABytes, "the scratch is one consumer's half of an A stage");
 
@@ -61,21 +55,7 @@ struct Tile {
   static constexpr int kBStageBytes = BN * kBK * 2;
   static constexpr int kStageBytes = kAStageBytes + kBStageBytes;
   static constexpr int kSmem = kStages * kStageBytes + kSwizzleAtom;  // + slack to align the ring to 1024 bytes
-  static constexpr int kRegs = BN / 2;  // fp32 accumulators of 64 rows x BN over a warpgroup's 128 threads
-};
-
-template <int BN, bool kPingPong>
-constexpr int smem_bytes() {
-  return Tile<BN>::kSmem + (kPingPong ? 2 * kScratchFloats * 4 : 0);  // ping-pong: each consumer's scratch
-}
-
-// The ring of stages the producer fills and the consumers drain, one k-tile per position; positions run on across
-// the block's tiles (it % kStages is the stage, (it / kStages) & 1 the phase of its barriers).
-struct Ring {
-  uint8_t* stages;
-  uint64_t* full;   // stage holds its tiles (producer's expect_tx + TMA bytes)
-  uint64_t* empty;  // its consumers are done reading it
-  uint64_t* turn;   // ping-pong: turn[c] completes a phase when the other consumer's k-steps of a tile are issued
+  static constexpr int kRegs = BN / 2;  // fp32 accumulators per consumer thread (64 x BN over 128 threads)
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -238,10 +218,105 @@ __device__ __forceinline__ void store8_scaled(O* o, const float (&v)[8], float s
   }
 }
 
-// Epilogue of one consumer's 64 x BN accumulators, 32 columns at a time through `scratch` (64 x 32 floats):
-// registers -> shared memory -> 8 consecutive outputs per thread, stored with 16-byte accesses where the output rows
-// allow. The general case (per-row / per-column scale, bias, accumulate, edges) is the WMMA kernel's store8; a
-// tile-wide scale without bias or accumulation takes store8_scaled (the same values, ~1/5 of the instructions).
+// Stores x * s and y * s, each rounded once to O (round to nearest even, as from_f32), as one 32-bit word of shared
+// memory, x in the lower half. One asm block: its temporaries never compete with the live accumulators for
+// registers, and the accumulators are only read. NOTE (ptxas 13.0, 256-wide kernel): products in C++ temporaries
+// spilled 476 bytes; writing the packed pairs back into the accumulators made ptxas wait for every wgmma group
+// (C7517: "warpgroup.wait is injected ... to allow use of registers defined by GMMA").
+template <typename O>
+__device__ __forceinline__ void st_shared_scaled_pair(uint32_t addr, float x, float y, float s) {
+  if constexpr (std::is_same<O, __nv_bfloat16>::value) {
+    asm volatile(
+        "{\n.reg .f32 x, y;\n.reg .b32 w;\nmul.rn.f32 x, %1, %3;\nmul.rn.f32 y, %2, %3;\n"
+        "cvt.rn.bf16x2.f32 w, y, x;\nst.shared.b32 [%0], w;\n}\n" ::"r"(addr),
+        "f"(x), "f"(y), "f"(s)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .f32 x, y;\n.reg .b32 w;\nmul.rn.f32 x, %1, %3;\nmul.rn.f32 y, %2, %3;\n"
+        "cvt.rn.f16x2.f32 w, y, x;\nst.shared.b32 [%0], w;\n}\n" ::"r"(addr),
+        "f"(x), "f"(y), "f"(s)
+        : "memory");
+  }
+}
+
+// Whether either 16-bit value of a packed pair is inf or NaN (all exponent bits set).
+template <typename O>
+__device__ __forceinline__ bool pair_not_finite(uint32_t w) {
+  constexpr uint32_t kExp = std::is_same<O, __nv_bfloat16>::value ? 0x7F80u : 0x7C00u;
+  return (w & kExp) == kExp || ((w >> 16) & kExp) == kExp;
+}
+
+// Packed scratch: 64 rows x 64 16-bit outputs (8 KB, 32 words a row), 16-byte groups XOR-swizzled by the row.
+__device__ __forceinline__ int packed_index(int r, int group, int word) {
+  return r * 32 + ((group ^ (r & 7)) << 2) + word;
+}
+
+// Columns [64 kChunk, 64 kChunk + 64) of the consumer's accumulators, times s and rounded to O, into the packed
+// scratch (wgmma's D layout: see stash_chunk).
+template <typename O, int kChunk, int R>
+__device__ __forceinline__ void stash_packed(const float (&acc)[R], uint32_t* scratch, float s, int t) {
+  const int lane = t % 32;
+  const int r0 = 16 * (t / 32) + lane / 4;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int j = 8 * kChunk + jj;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      st_shared_scaled_pair<O>(smem_addr(scratch + packed_index(r0 + 8 * h, jj, lane % 4)), acc[4 * j + 2 * h],
+                               acc[4 * j + 2 * h + 1], s);
+    }
+  }
+}
+
+template <typename O, int BN, int kChunk = 0>
+__device__ __forceinline__ void stash_packed_at(const float (&acc)[BN / 2], uint32_t* scratch, float s, int t,
+                                                int chunk) {
+  if constexpr (kChunk < BN / 64) {
+    if (chunk == kChunk) {
+      stash_packed<O, kChunk>(acc, scratch, s, t);
+    } else {
+      stash_packed_at<O, BN, kChunk + 1>(acc, scratch, s, t, chunk);
+    }
+  }
+}
+
+// store8_scaled's case for a 16-bit output (one scale for the tile, no bias, no old output, 16-byte rows), 64
+// columns at a time: the values are scaled and rounded in the registers, so the scratch holds what is stored (half
+// the bytes of the fp32 path, half its barriers) and each 16-byte read is one 16-byte store. Same values as
+// store8_scaled: x * s rounded once. NOTE (H200, ncu source view of 8192x3072x768 bf16, 128x256 tiles): the fp32
+// path was 43% of the consumers' time against 48% for the k-steps, ~11 warp instructions per output, latency-bound.
+template <typename O, int BN>
+__device__ __forceinline__ bool epilogue_packed(const Params& p, const float (&acc)[BN / 2], uint32_t* scratch,
+                                                int m0, int n0, int consumer, int t, float s, bool check) {
+  bool bad = false;
+  O* out = static_cast<O*>(p.out);
+#pragma unroll 1
+  for (int chunk = 0; chunk < BN / 64; ++chunk) {
+    stash_packed_at<O, BN>(acc, scratch, s, t, chunk);
+    warpgroup_sync(consumer);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // 64 rows x 8 groups of 8 outputs, four per thread
+      const int q = t + 128 * i;
+      const int r = q / 8, group = q % 8;
+      const int row = m0 + r, col = n0 + 64 * chunk + 8 * group;
+      if (row < p.M && col < p.N) {  // N % 8 == 0 (out_vec): the group is whole
+        const uint4 w = *reinterpret_cast<const uint4*>(scratch + packed_index(r, group, 0));
+        if (check) bad |= pair_not_finite<O>(w.x) | pair_not_finite<O>(w.y) | pair_not_finite<O>(w.z) |
+                          pair_not_finite<O>(w.w);
+        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * p.N + col) = w;
+      }
+    }
+    warpgroup_sync(consumer);  // the scratch is rewritten by the next chunk
+  }
+  return bad;
+}
+
+// Epilogue of one consumer's 64 x BN accumulators through `scratch` (8 KB). A tile-wide scale without bias or
+// accumulation into 16-byte output rows: epilogue_packed for 16-bit outputs, store8_scaled for fp32 ones (the same
+// values as store8, ~1/5 of its instructions). Every other case (per-row / per-column scale, bias, accumulate,
+// edges): 32 columns at a time as fp32, registers -> shared memory -> 8 consecutive outputs per thread -> the WMMA
+// kernel's store8, with 16-byte accesses where the output rows allow.
 // NOTE (H200, ncu): the first version stored from the registers, two outputs at a time, every step unrolled: 600 KB
 // of epilogue code, and the 256-wide kernel spent 6 cycles per issued instruction waiting for instruction fetch
 // (4096^3 bf16: 340 us against 249 for 128-wide tiles). The chunk loop here stays rolled; only the stash is unrolled.
@@ -252,157 +327,64 @@ __device__ __forceinline__ void epilogue(const Params& p, const float (&acc)[BN 
   const float s = p.scale_mode == 1 ? p.alpha * p.scale[0] : p.alpha;  // store8's order: alpha, then * scale
   const bool check = p.found_inf != nullptr;
   bool bad = false;
+  if (simple && p.out_kind != kOutF32) {
+    uint32_t* packed = reinterpret_cast<uint32_t*>(scratch);
+    bad = p.out_kind == kOutF16 ? epilogue_packed<__half, BN>(p, acc, packed, m0, n0, consumer, t, s, check)
+                                : epilogue_packed<__nv_bfloat16, BN>(p, acc, packed, m0, n0, consumer, t, s, check);
+  } else {
 #pragma unroll 1
-  for (int chunk = 0; chunk < BN / 32; ++chunk) {
-    stash_chunk_at<BN>(acc, scratch, t, chunk);
-    warpgroup_sync(consumer);
+    for (int chunk = 0; chunk < BN / 32; ++chunk) {
+      stash_chunk_at<BN>(acc, scratch, t, chunk);
+      warpgroup_sync(consumer);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {  // 64 rows x 4 groups of 8 columns, two per thread
-      const int q = t + 128 * i;
-      const int r = q / 4, c8 = (q % 4) * 8;
-      const int row = m0 + r, col = n0 + 32 * chunk + c8;
-      if (row < p.M && col < p.N) {
-        const float4 lo = *reinterpret_cast<const float4*>(scratch + scratch_index(r, c8));
-        const float4 hi = *reinterpret_cast<const float4*>(scratch + scratch_index(r, c8 + 4));
-        const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        const int n = min(8, p.N - col);
-        const int64_t offset = static_cast<int64_t>(row) * p.N + col;
-        if (simple && n == 8) {
-          switch (p.out_kind) {
-            case kOutF32: store8_scaled(static_cast<float*>(p.out) + offset, v, s, check, bad); break;
-            case kOutF16: store8_scaled(static_cast<__half*>(p.out) + offset, v, s, check, bad); break;
-            default: store8_scaled(static_cast<__nv_bfloat16*>(p.out) + offset, v, s, check, bad); break;
-          }
-        } else {
-          switch (p.out_kind) {
-            case kOutF32: wmma_mm::store8<T, float>(p, row, col, n, v, bad); break;
-            case kOutF16: wmma_mm::store8<T, __half>(p, row, col, n, v, bad); break;
-            default: wmma_mm::store8<T, __nv_bfloat16>(p, row, col, n, v, bad); break;
+      for (int i = 0; i < 2; ++i) {  // 64 rows x 4 groups of 8 columns, two per thread
+        const int q = t + 128 * i;
+        const int r = q / 4, c8 = (q % 4) * 8;
+        const int row = m0 + r, col = n0 + 32 * chunk + c8;
+        if (row < p.M && col < p.N) {
+          const float4 lo = *reinterpret_cast<const float4*>(scratch + scratch_index(r, c8));
+          const float4 hi = *reinterpret_cast<const float4*>(scratch + scratch_index(r, c8 + 4));
+          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          const int n = min(8, p.N - col);
+          const int64_t offset = static_cast<int64_t>(row) * p.N + col;
+          if (simple) {  // an fp32 output (16-bit ones are packed above); out_vec: the 8 columns are whole
+            store8_scaled(static_cast<float*>(p.out) + offset, v, s, check, bad);
+          } else {
+            switch (p.out_kind) {
+              case kOutF32: wmma_mm::store8<T, float>(p, row, col, n, v, bad); break;
+              case kOutF16: wmma_mm::store8<T, __half>(p, row, col, n, v, bad); break;
+              default: wmma_mm::store8<T, __nv_bfloat16>(p, row, col, n, v, bad); break;
+            }
           }
         }
       }
+      warpgroup_sync(consumer);  // the scratch is rewritten by the next chunk
     }
-    warpgroup_sync(consumer);  // the scratch is rewritten by the next chunk
   }
   // Only warps that stored a non-finite value write found_inf: no extra pass, no atomics.
   if (check && __any_sync(0xffffffffu, bad) && t % 32 == 0) *p.found_inf = 1.f;
 }
 
-// Cooperative consumer `consumer` (0 or 1): rows [64 consumer, 64 consumer + 64) of every tile of the block.
-template <typename T, int BN, int kTransA, int kTransB>
-__device__ __forceinline__ void consume_cooperative(const Params& p, const Ring& ring, int consumer, int t) {
-  using C = Tile<BN>;
-  constexpr int S = C::kStages;
-  const int num_tiles = p.tiles_m * p.tiles_n;
-  const int k_tiles = (p.K + kBK - 1) / kBK;
-  float acc[C::kRegs] = {};  // the first wgmma of a tile overwrites them; zeroed for the asm's "+f" reads
-  int it = 0;
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    int pm, pn;
-    tile_coords(tile, p.tiles_m, p.tiles_n, pm, pn);
-    const int m0 = pm * kBM, n0 = pn * BN;
-    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-      const int s = it % S;
-      mbar_wait(&ring.full[s], (it / S) & 1);
-      const uint8_t* a_st = ring.stages + s * C::kStageBytes + consumer * kHalfABytes;
-      const uint8_t* b_st = ring.stages + s * C::kStageBytes + kAStageBytes;
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kBK / 16; ++k) {
-        mma_slice<T, BN, kTransA, kTransB>(acc, slice_desc<kTransA != 0>(a_st, k), slice_desc<kTransB != 0>(b_st, k),
-                                           kt > 0 || k > 0);
-      }
-      wgmma_commit();
-      // One group stays in flight; the one before it has finished reading its stage, which goes back. NOTE (H200,
-      // dev/wgmma/probe.py): handing every stage back as soon as its own group finished (wait 0, one more stage of
-      // prefetch) changed nothing (8192^3 bf16: 641-643 against 652-655 TFLOP/s): the ring is not what waits.
-      wgmma_wait<1>();
-      if (kt > 0 && t == 0) mbar_arrive(&ring.empty[(it - 1) % S]);
-    }
-    wgmma_wait<0>();
-    fence_registers(acc);
-    // The last stage stays taken through the epilogue (scratch); the producer meanwhile fills the others.
-    uint8_t* last = ring.stages + ((it - 1) % S) * C::kStageBytes;
-    epilogue<T, BN>(p, acc, reinterpret_cast<float*>(last + consumer * kHalfABytes), m0 + consumer * 64, n0,
-                    consumer, t);
-    if (k_tiles > 0 && t == 0) mbar_arrive(&ring.empty[(it - 1) % S]);
-  }
-}
-
-// Ping-pong consumer `consumer` (0 or 1): all 128 rows of the block's tiles 2 j + consumer, as two 64-row halves
-// (BN regs a thread). The producer loads the block's tiles in order and the consumers' k-step loops strictly take
-// turns (`turn` barriers), so one consumer's epilogue runs under the other's wgmmas. The turns are also what makes
-// skipping the other consumer's ring positions safe: a `full` barrier is waited on by parity, which cannot tell the
-// awaited fill from the one two rounds earlier, and the turn guarantees that every earlier position was filled.
-template <typename T, int BN, int kTransA, int kTransB>
-__device__ __forceinline__ void consume_ping_pong(const Params& p, const Ring& ring, int consumer, int t) {
-  using C = Tile<BN>;
-  constexpr int S = C::kStages;
-  const int num_tiles = p.tiles_m * p.tiles_n;
-  const int k_tiles = (p.K + kBK - 1) / kBK;
-  float top[C::kRegs] = {}, bottom[C::kRegs] = {};  // rows 0-63 and 64-127
-  // it: ring position of the tile's first k-tile; local: the tile's place in the block's sequence.
-  for (int tile = blockIdx.x, it = 0, local = 0; tile < num_tiles; tile += gridDim.x, it += k_tiles, ++local) {
-    if (local % 2 != consumer) continue;
-    // Wait for the other consumer's k-steps of tile local - 1 (the `local / 2`-th phase of this turn barrier; the
-    // block's first tile waits for nothing).
-    if (local > 0) mbar_wait(&ring.turn[consumer], ((local - 1) / 2) & 1);
-    int pm, pn;
-    tile_coords(tile, p.tiles_m, p.tiles_n, pm, pn);
-    const int m0 = pm * kBM, n0 = pn * BN;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = (it + kt) % S;
-      mbar_wait(&ring.full[s], ((it + kt) / S) & 1);
-      const uint8_t* a_st = ring.stages + s * C::kStageBytes;
-      const uint8_t* b_st = a_st + kAStageBytes;
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kBK / 16; ++k) {
-        const uint64_t db = slice_desc<kTransB != 0>(b_st, k);
-        mma_slice<T, BN, kTransA, kTransB>(top, slice_desc<kTransA != 0>(a_st, k), db, kt > 0 || k > 0);
-        mma_slice<T, BN, kTransA, kTransB>(bottom, slice_desc<kTransA != 0>(a_st + kHalfABytes, k), db,
-                                           kt > 0 || k > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<1>();
-      if (kt > 0 && t == 0) mbar_arrive(&ring.empty[(it + kt - 1) % S]);
-    }
-    if (t == 0) mbar_arrive(&ring.turn[consumer ^ 1]);  // every fill of this tile was seen: the other's turn
-    wgmma_wait<0>();
-    fence_registers(top);
-    fence_registers(bottom);
-    if (t == 0) mbar_arrive(&ring.empty[(it + k_tiles - 1) % S]);  // the epilogue has its own scratch
-    float* scratch = reinterpret_cast<float*>(ring.stages + S * C::kStageBytes) + consumer * kScratchFloats;
-    epilogue<T, BN>(p, top, scratch, m0, n0, consumer, t);
-    epilogue<T, BN>(p, bottom, scratch, m0 + 64, n0, consumer, t);  // after the top's last barrier
-  }
-}
-
 #endif  // sm_90a
 
-template <typename T, int BN, bool kPingPong, int kTransA, int kTransB>
+template <typename T, int BN, int kTransA, int kTransB>
 __global__ void __launch_bounds__(kThreads, 1)
     scaled_matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                const Params p) {
-  static_assert(!kPingPong || BN == 128, "a ping-pong consumer holds its tile's 128 x BN accumulators");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Tile<BN>;
   constexpr int S = C::kStages;
-  __shared__ __align__(8) uint64_t full[S];
-  __shared__ __align__(8) uint64_t empty[S];
-  __shared__ __align__(8) uint64_t turn[2];
+  __shared__ __align__(8) uint64_t full[S];   // stage s holds its tiles (producer's expect_tx + TMA bytes)
+  __shared__ __align__(8) uint64_t empty[S];  // both consumers are done reading stage s
   extern __shared__ uint8_t smem_raw[];
-  const Ring ring{smem_raw + ((kSwizzleAtom - smem_addr(smem_raw) % kSwizzleAtom) % kSwizzleAtom), full, empty,
-                  turn};
+  uint8_t* ring = smem_raw + ((kSwizzleAtom - smem_addr(smem_raw) % kSwizzleAtom) % kSwizzleAtom);
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kPingPong ? 1 : 2);  // the consumers that read stage s
+      mbar_init(&empty[s], 2);
     }
-    mbar_init(&turn[0], 1);
-    mbar_init(&turn[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -423,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = it % S;
         mbar_wait(&empty[s], ((it / S) & 1) ^ 1);  // the first round passes: the barrier's previous phase is done
         mbar_expect_tx(&full[s], C::kStageBytes);
-        uint8_t* a_st = ring.stages + s * C::kStageBytes;
+        uint8_t* a_st = ring + s * C::kStageBytes;
         uint8_t* b_st = a_st + kAStageBytes;
         const int k0 = kt * kBK;
         if constexpr (kTransA) {
@@ -444,38 +426,67 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  if constexpr (kPingPong) {
-    consume_ping_pong<T, BN, kTransA, kTransB>(p, ring, warpgroup - 1, threadIdx.x % 128);
-  } else {
-    consume_cooperative<T, BN, kTransA, kTransB>(p, ring, warpgroup - 1, threadIdx.x % 128);
+  const int consumer = warpgroup - 1;
+  const int t = threadIdx.x % 128;
+  float acc[C::kRegs];
+#pragma unroll
+  for (int i = 0; i < C::kRegs; ++i) acc[i] = 0.f;
+  int it = 0;
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    int pm, pn;
+    tile_coords(tile, tiles_m, tiles_n, pm, pn);
+    const int m0 = pm * kBM, n0 = pn * BN;
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int s = it % S;
+      mbar_wait(&full[s], (it / S) & 1);
+      const uint8_t* a_st = ring + s * C::kStageBytes + consumer * kHalfABytes;
+      const uint8_t* b_st = ring + s * C::kStageBytes + kAStageBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kBK / 16; ++k) {
+        mma_slice<T, BN, kTransA, kTransB>(acc, slice_desc<kTransA != 0>(a_st, k), slice_desc<kTransB != 0>(b_st, k),
+                                           kt > 0 || k > 0);
+      }
+      wgmma_commit();
+      // One group stays in flight; the one before it has finished reading its stage, which goes back. NOTE (H200,
+      // dev/wgmma/probe.py): handing every stage back as soon as its own group finished (wait 0, one more stage of
+      // prefetch) changed nothing (8192^3 bf16: 641-643 against 652-655 TFLOP/s): the ring is not what waits.
+      wgmma_wait<1>();
+      if (kt > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+    // The last stage stays taken through the epilogue (scratch); the producer meanwhile fills the others.
+    uint8_t* last = ring + ((it - 1) % S) * C::kStageBytes;
+    float* scratch = reinterpret_cast<float*>(last + consumer * kHalfABytes);
+    epilogue<T, BN>(p, acc, scratch, m0 + consumer * 64, n0, consumer, t);
+    if (k_tiles > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
   }
 #endif
 }
 
-template <typename T, int BN, bool kPingPong, int kTransA, int kTransB>
+template <typename T, int BN, int kTransA, int kTransB>
 inline void launch(const Params& p, const CUtensorMap& map_a, const CUtensorMap& map_b, int dev, int sms,
-                   cudaStream_t stream) {
-  auto* kernel = scaled_matmul_wgmma_kernel<T, BN, kPingPong, kTransA, kTransB>;
-  constexpr int kSmem = smem_bytes<BN, kPingPong>();
-  static_assert(kSmem <= 227 * 1024, "sm_90 opt-in shared memory per block");
+            cudaStream_t stream) {
+  auto* kernel = scaled_matmul_wgmma_kernel<T, BN, kTransA, kTransB>;
   static bool raised[64] = {};  // per instantiation and device
-  wmma_mm::raise_smem_limit(reinterpret_cast<const void*>(kernel), kSmem, dev, raised);
+  wmma_mm::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tile<BN>::kSmem, dev, raised);
   const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);
-  kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, p);
+  kernel<<<grid, kThreads, Tile<BN>::kSmem, stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int BN, bool kPingPong>
+template <typename T, int BN>
 void launch_layouts(const Params& p, const CUtensorMap& ma, const CUtensorMap& mb, int dev, int sms,
                     cudaStream_t stream) {
   // Transposed A = column-major a (M contiguous); transposed B = row-major b (N contiguous).
   if (p.row_a) {
-    if (p.row_b) launch<T, BN, kPingPong, 0, 1>(p, ma, mb, dev, sms, stream);
-    else launch<T, BN, kPingPong, 0, 0>(p, ma, mb, dev, sms, stream);
+    if (p.row_b) launch<T, BN, 0, 1>(p, ma, mb, dev, sms, stream);
+    else launch<T, BN, 0, 0>(p, ma, mb, dev, sms, stream);
   } else {
-    if (p.row_b) launch<T, BN, kPingPong, 1, 1>(p, ma, mb, dev, sms, stream);
-    else launch<T, BN, kPingPong, 1, 0>(p, ma, mb, dev, sms, stream);
+    if (p.row_b) launch<T, BN, 1, 1>(p, ma, mb, dev, sms, stream);
+    else launch<T, BN, 1, 0>(p, ma, mb, dev, sms, stream);
   }
 }
 

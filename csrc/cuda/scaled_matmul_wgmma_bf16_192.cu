@@ -1,12 +1,12 @@
-// wgmma scaled matmul kernels (scaled_matmul_wgmma.cuh) for __nv_bfloat16 operands:
-// 192-wide tiles, cooperative consumers, all four layouts. One file per (dtype, tile, schedule), compiled in parallel.
+// wgmma scaled matmul kernels (scaled_matmul_wgmma.cuh) for __nv_bfloat16 operands and 192-wide tiles, all four
+// layouts; one file per (dtype, width) so that ninja compiles them in parallel.
 #include "scaled_matmul_wgmma.cuh"
 
 namespace ampkernels {
 namespace wgmma_mm {
 
-template void launch_layouts<__nv_bfloat16, 192, false>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
-                                                        cudaStream_t);
+template void launch_layouts<__nv_bfloat16, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                          cudaStream_t);
 
 }  // namespace wgmma_mm
 }  // namespace ampkernels
