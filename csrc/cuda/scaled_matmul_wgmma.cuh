@@ -163,11 +163,15 @@ __device__ __forceinline__ void warpgroup_sync(int consumer) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
 }
 
-// Where column `col` (0..31) of row `r` sits in the scratch: 16-byte groups XOR-swizzled by the row, so that the
-// eight rows one warp stashes at a time, and the 16-byte reads, spread over the banks.
-__device__ __forceinline__ int scratch_index(int r, int col) {
-  return r * 32 + (((col >> 2) ^ (r & 7)) << 2) + (col & 3);
+// The scratch as 64 rows of 32 words (fp32 values, or pairs of 16-bit outputs): word `word` of 16-byte group
+// `group` of row `r`. The groups are XOR-swizzled by the row, so that the eight rows one warp stashes at a time, and
+// the 16-byte reads, spread over the banks.
+__device__ __forceinline__ int scratch_word(int r, int group, int word) {
+  return r * 32 + ((group ^ (r & 7)) << 2) + word;
 }
+
+// Where fp32 column `col` (0..31) of row `r` sits in the scratch.
+__device__ __forceinline__ int scratch_index(int r, int col) { return scratch_word(r, col >> 2, col & 3); }
 
 // The consumer's columns [32 kChunk, 32 kChunk + 32) of its 64 x BN accumulators, in wgmma's D layout (thread t of
 // the warpgroup holds, for each 8-column group j, rows 16 (t / 32) + (t % 32) / 4 (+ 8) and columns 8 j + 2 (t % 4)
@@ -247,13 +251,8 @@ __device__ __forceinline__ bool pair_not_finite(uint32_t w) {
   return (w & kExp) == kExp || ((w >> 16) & kExp) == kExp;
 }
 
-// Packed scratch: 64 rows x 64 16-bit outputs (8 KB, 32 words a row), 16-byte groups XOR-swizzled by the row.
-__device__ __forceinline__ int packed_index(int r, int group, int word) {
-  return r * 32 + ((group ^ (r & 7)) << 2) + word;
-}
-
-// Columns [64 kChunk, 64 kChunk + 64) of the consumer's accumulators, times s and rounded to O, into the packed
-// scratch (wgmma's D layout: see stash_chunk).
+// Columns [64 kChunk, 64 kChunk + 64) of the consumer's accumulators, times s and rounded to O, into the scratch as
+// 64 rows x 64 16-bit outputs (wgmma's D layout: see stash_chunk).
 template <typename O, int kChunk, int R>
 __device__ __forceinline__ void stash_packed(const float (&acc)[R], uint32_t* scratch, float s, int t) {
   const int lane = t % 32;
@@ -263,7 +262,7 @@ __device__ __forceinline__ void stash_packed(const float (&acc)[R], uint32_t* sc
     const int j = 8 * kChunk + jj;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      st_shared_scaled_pair<O>(smem_addr(scratch + packed_index(r0 + 8 * h, jj, lane % 4)), acc[4 * j + 2 * h],
+      st_shared_scaled_pair<O>(smem_addr(scratch + scratch_word(r0 + 8 * h, jj, lane % 4)), acc[4 * j + 2 * h],
                                acc[4 * j + 2 * h + 1], s);
     }
   }
@@ -301,7 +300,7 @@ __device__ __forceinline__ bool epilogue_packed(const Params& p, const float (&a
       const int r = q / 8, group = q % 8;
       const int row = m0 + r, col = n0 + 64 * chunk + 8 * group;
       if (row < p.M && col < p.N) {  // N % 8 == 0 (out_vec): the group is whole
-        const uint4 w = *reinterpret_cast<const uint4*>(scratch + packed_index(r, group, 0));
+        const uint4 w = *reinterpret_cast<const uint4*>(scratch + scratch_word(r, group, 0));
         if (check) bad |= pair_not_finite<O>(w.x) | pair_not_finite<O>(w.y) | pair_not_finite<O>(w.z) |
                           pair_not_finite<O>(w.w);
         *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * p.N + col) = w;
