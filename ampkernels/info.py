@@ -24,6 +24,8 @@ def _scaled_matmul_line(device: torch.device) -> str:
     except RuntimeError as exc:  # an override that cannot run here
         return f"  op scaled_matmul: {exc}"
     others = [f"{name}: {sm.why_not(name, device) or 'available'}" for name in sm.BACKENDS if name != chosen]
+    if chosen == "auto":
+        chosen = f"auto ({' or '.join(sm.AUTO_CANDIDATES)} per problem, the faster as timed on first use)"
     return f"  op scaled_matmul: {chosen} (others: {'; '.join(others)})"
 
 

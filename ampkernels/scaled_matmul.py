@@ -26,8 +26,10 @@ import os
 import torch
 
 from ampkernels import _backend, reference
+from ampkernels.triton import capturing, num_sms
 
-BACKENDS = ("triton", "wgmma", "wmma", "torch")
+BACKENDS = ("auto", "triton", "wgmma", "wmma", "torch")
+AUTO_CANDIDATES = ("triton", "wgmma")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SCALE_NONE, SCALE_TENSOR, SCALE_ROW, SCALE_COL = 0, 1, 2, 3
@@ -95,6 +97,10 @@ def why_not(backend: str, device: torch.device) -> str | None:
         return None
     if backend == "torch":
         return None
+    if backend == "auto":
+        if _auto_candidates(device):
+            return None
+        return f"'auto' chooses between {' and '.join(AUTO_CANDIDATES)} per problem, and neither runs here"
     raise ValueError(f"ampkernels.scaled_matmul: argument 'backend': expected one of {BACKENDS}, got {backend!r}")
 
 
@@ -105,10 +111,10 @@ def _requested_backend(backend: str | None) -> str | None:
 
 def select_backend(device: torch.device, backend: str | None = None) -> str:
     """The backend for a call on ``device``: ``backend`` if given (error if it cannot run), else
-    ``AMPKERNELS_SCALED_MATMUL_BACKEND`` / ``AMPKERNELS_BACKEND`` (``native`` means ``wmma``), else the first of
-    triton → wgmma → wmma → torch that runs. NOTE (H200, README's benchmark table): Triton 0.97x cuBLAS as a geomean,
-    the wgmma kernel 0.95x (ahead of Triton on the 768-wide shapes, behind on the others), WMMA 0.40x (mma.sync). On
-    CPU tensors the default is the reference (the Triton interpreter is for tests)."""
+    ``AMPKERNELS_SCALED_MATMUL_BACKEND`` / ``AMPKERNELS_BACKEND`` (``native`` means ``wmma``), else ``"auto"`` where
+    both Triton and the wgmma kernel run (Hopper), else the first of triton → wmma → torch that runs. ``"auto"``
+    picks one of the two per problem (see :func:`auto_backend`). On CPU tensors the default is the reference (the
+    Triton interpreter is for tests)."""
     device = torch.device(device)
     requested = _requested_backend(backend)
     if requested is not None:
@@ -116,14 +122,115 @@ def select_backend(device: torch.device, backend: str | None = None) -> str:
         if reason is not None:
             raise RuntimeError(f"ampkernels.scaled_matmul: backend {requested!r} cannot run on {device}: {reason}")
         return requested
-    order = ("triton", "wgmma", "wmma", "torch") if device.type == "cuda" else ("torch",)
-    return next(name for name in order if why_not(name, device) is None)
+    if device.type != "cuda":
+        return "torch"
+    if len(_auto_candidates(device)) > 1:
+        return "auto"
+    return next(name for name in ("triton", "wgmma", "wmma", "torch") if why_not(name, device) is None)
+
+
+# NOTE (H200, README's benchmark table): Triton leads on the squares and the wide layers (8192^3 1.03x cuBLAS
+# against wgmma's 0.98x), the wgmma kernel on the 768-wide layers, whose 128x256 Triton tiles leave the last wave
+# mostly idle (3072x768x8192: 0.88x against 0.80x; 8192x768x3072: 0.98x against 0.92x). Neither wins everywhere,
+# so "auto" times both once per problem signature, like Triton's own tuner does its configs.
+AUTO_MIN_MACS = 2**32  # below (~10 us on an H200), Triton: its launcher costs a few us of host time, the op ~20
+_AUTO: dict[tuple, str] = {}
+AUTO_LOG: list[dict] = []  # what each timed choice measured (read by the benchmark)
+
+
+@functools.cache
+def _auto_candidates_cached(device: torch.device) -> tuple[str, ...]:
+    return tuple(name for name in AUTO_CANDIDATES if why_not(name, device) is None)
+
+
+def _auto_candidates(device: torch.device) -> tuple[str, ...]:
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _auto_candidates_cached(device)
+
+
+def _auto_untimed(M: int, N: int, K: int, device: torch.device) -> str:
+    """The choice without timing (AMPKERNELS_TUNE=0, or inside a CUDA graph capture): wgmma where Triton's 128x256
+    tiles fill fewer than two waves of the GPU (the three 768-wide shapes of the benchmark), else Triton."""
+    tiles = -(-M // 128) * -(-N // 256)
+    return "wgmma" if M * N * K >= AUTO_MIN_MACS and tiles < 2 * num_sms(device) else "triton"
+
+
+def auto_backend(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> str:
+    """The backend ``"auto"`` runs for this problem (normalized 2-D arguments, as :func:`_launch` takes them): the
+    only candidate that runs here, Triton below ``AUTO_MIN_MACS``, else the faster of Triton and wgmma as timed on
+    the first call of each signature (shape, strides, alignment, dtypes, epilogue). Never timed inside a CUDA graph
+    capture (timing synchronizes): there it is :func:`_auto_untimed`, and the next eager call times."""
+    candidates = _auto_candidates(out.device)
+    if len(candidates) == 1:
+        return candidates[0]
+    M, K = a.shape
+    N = b.shape[1]
+    if M * N * K < AUTO_MIN_MACS:
+        return "triton"
+    key = (
+        out.device,
+        a.dtype,
+        out.dtype,
+        a.shape,
+        a.stride(),
+        b.shape,
+        b.stride(),
+        not a.data_ptr() & 15,
+        not b.data_ptr() & 15,
+        scale_mode,
+        bias is not None,
+        accumulate,
+        found_inf is not None,
+    )
+    choice = _AUTO.get(key)
+    if choice is not None:
+        return choice
+    if capturing():
+        return _auto_untimed(M, N, K, out.device)
+    if not _load_triton()[0].tuning_enabled():
+        choice = _auto_untimed(M, N, K, out.device)
+    else:
+        choice = _time_auto(candidates, key, (a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf))
+    if len(_AUTO) >= _MAX_CACHED:
+        _AUTO.clear()
+    _AUTO[key] = choice
+    return choice
+
+
+def _time_auto(candidates: tuple[str, ...], key: tuple, args: tuple) -> str:
+    """Times each candidate on scratch outputs (the caller's ``out`` and ``found_inf`` are not touched): two passes,
+    the second in reverse order, averaged, L2 flushed before every run (as Triton's tuner times its configs)."""
+    import triton.testing
+
+    a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf = args
+    scratch_out = torch.zeros_like(out)
+    scratch_flag = None if found_inf is None else torch.zeros_like(found_inf)
+    runs = {
+        name: functools.partial(
+            _launch, name, a, b, scale, scale_mode, alpha, bias, scratch_out, accumulate, scratch_flag
+        )
+        for name in candidates
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.cuda.device(out.device):  # do_bench times on the current device's stream
+        for run in runs.values():
+            run()  # compiles; Triton tunes its configs for this problem here
+        for order in (list(runs), list(reversed(runs))):
+            for name in order:
+                times[name].append(triton.testing.do_bench(runs[name], warmup=5, rep=25))
+    ms = {name: sum(t) / len(t) for name, t in times.items()}
+    best = min(ms, key=ms.get)
+    AUTO_LOG.append({"key": repr(key), "ms": ms, "best": best})
+    return best
 
 
 def _launch(backend, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
     """``out (+)= alpha * scale * (a @ b) + bias`` on normalized 2-D arguments (see the op schema)."""
     if a.shape[0] == 0 or b.shape[1] == 0:
         return
+    if backend == "auto" and a.shape[1] > 0:
+        backend = auto_backend(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
     if backend == "torch" or a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
         ref_scale = scale
         if scale_mode == SCALE_ROW:
@@ -469,7 +576,9 @@ def _scaled_matmul_checked(a, b, scale, bias, out_dtype, out, accumulate, found_
         return result.view(out_shape)
     autocasting = torch.is_autocast_enabled(a.device.type)
     if key is not None and not autocasting and _plain_eager(a2, b, scale_t, bias, out, found_inf):
-        entry = _Call.make(a, b, scale, scale_t, mode, bias, out_dtype, out, accumulate, found_inf, name, out_shape)
+        entry = _Call.make(
+            a, b, scale, scale_t, mode, alpha, bias, out_dtype, out, accumulate, found_inf, name, out_shape
+        )
         if entry is not None:
             if len(_CALLS) >= _MAX_CACHED:
                 _CALLS.clear()
@@ -505,8 +614,11 @@ _MAX_CACHED = 4096
 
 
 def clear_caches() -> None:
-    """Forgets the cached call signatures and the Triton launchers (after changing AMPKERNELS_* variables)."""
+    """Forgets the cached call signatures, "auto" choices and Triton launchers (after changing AMPKERNELS_*
+    variables)."""
     _CALLS.clear()
+    _AUTO.clear()
+    _auto_candidates_cached.cache_clear()
     module = _load_triton()[0]
     if module is not None:
         module.clear_caches()
@@ -578,7 +690,7 @@ class _Call:
     )
 
     @classmethod
-    def make(cls, a, b, scale, scale_t, mode, bias, out_dtype, out, accumulate, found_inf, name, out_shape):
+    def make(cls, a, b, scale, scale_t, mode, alpha, bias, out_dtype, out, accumulate, found_inf, name, out_shape):
         if a.dtype not in KERNEL_DTYPES or type(scale) not in (float, int, type(None), torch.Tensor):
             return None
         if isinstance(scale, torch.Tensor) and not (
@@ -587,21 +699,25 @@ class _Call:
             return None  # converted or copied per call
         if bias is not None and (bias.dtype not in (torch.float32, a.dtype) or not bias.is_contiguous()):
             return None
+        if capturing():
+            return None  # what a capture settles is provisional ("auto" and Triton configs are timed outside)
         call = cls()
-        call.backend = name
         call.M, call.K, call.N = math.prod(a.shape[:-1]), b.shape[0], b.shape[1]
         call.out_shape, call.out_dtype, call.mode, call.accumulate = out_shape, out_dtype, mode, bool(accumulate)
         call.scale_shape = None if scale_t is None else tuple(scale_t.shape)
         # byte extents of out and of the tensors it must not overlap (a, b, scale, bias, found_inf)
         call.extents = (_extent(out), tuple(_extent(t) for t in (a, b, scale, bias, found_inf)))
-        # Triton: the kernel launcher itself (it reads the scale through its pointer, so no reshaped view either).
         call.launcher = None
-        if name == "triton" and call.M > 0 and call.N > 0 and call.K > 0:
+        if call.M > 0 and call.N > 0 and call.K > 0 and name in ("auto", "triton"):
             a2 = a if a.ndim == 2 else a.reshape(call.M, call.K)
             out2 = torch.empty(out_shape, dtype=out_dtype, device=a.device) if out is None else out
-            call.launcher = _load_triton()[0].launcher_for(
-                a2, b, scale_t, mode, bias, out2.view(call.M, call.N), accumulate, found_inf
-            )
+            out2 = out2.view(call.M, call.N)
+            if name == "auto":
+                name = auto_backend(a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf)
+            if name == "triton":
+                # the kernel launcher itself (it reads the scale through its pointer: no reshaped view either)
+                call.launcher = _load_triton()[0].launcher_for(a2, b, scale_t, mode, bias, out2, accumulate, found_inf)
+        call.backend = name
         return call
 
     def run(self, a, b, scale, bias, out, found_inf):

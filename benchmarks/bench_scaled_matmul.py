@@ -5,6 +5,8 @@ Per case (dtype, M×N×K, layout), on the same operands:
 * cuBLAS mm alone: ``torch.mm(a, b)`` (no scale: the ceiling to match);
 * cuBLAS then scale: ``torch.mm(a, b) * scale`` with a 0-d device tensor (what a sync-free scale costs unfused);
 * ampkernels Triton, and the CUDA wgmma (sm_90a builds on Hopper) and WMMA kernels when the extension has them:
+  ``scaled_matmul(a, b, scale, backend=...)``;
+* on Hopper, the library's default ``"auto"`` (the faster of Triton and wgmma per problem, timed on first use):
   ``scaled_matmul(a, b, scale)``.
 
 Layouts: ``nn`` (row-major a and b), ``fwd`` = ``x @ W.T`` (b a column-major view), ``grad-in`` = ``dy @ W`` (nn),
@@ -32,8 +34,9 @@ from benchmarks.common import RunContext, format_table, free_device_memory, plot
 NAME = "scaled_matmul"
 
 CUBLAS, CUBLAS_SCALE, TRITON, WMMA, REFERENCE = "cublas_mm", "cublas_then_scale", "triton", "wmma", "reference"
-WGMMA = "wgmma"
+WGMMA, AUTO = "wgmma", "auto"
 LABELS = {
+    AUTO: "ampkernels default (auto: Triton or wgmma)",
     CUBLAS: "cuBLAS mm (no scale)",
     CUBLAS_SCALE: "cuBLAS mm, then * scale",
     TRITON: "ampkernels Triton",
@@ -101,7 +104,8 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _available_backends(device: torch.device) -> list[str]:
     module = importlib.import_module("ampkernels.scaled_matmul")
-    found = [TRITON] if module.why_not("triton", device) is None else []
+    found = [AUTO] if device.type == "cuda" and module.select_backend(device) == AUTO else []
+    found += [TRITON] if module.why_not("triton", device) is None else []
     for name in (WGMMA, WMMA):
         if device.type == "cuda" and module.why_not(name, device) is None:
             found.append(name)
@@ -201,7 +205,7 @@ def _warnings(rows: list[dict[str, Any]]) -> list[str]:
     found = []
     for row in rows:
         ratio = row["err_ratio_vs_cublas_then_scale"]
-        if row["implementation"] in (TRITON, WGMMA, WMMA, REFERENCE) and ratio is not None and ratio > 2.0:
+        if row["implementation"] in (AUTO, TRITON, WGMMA, WMMA, REFERENCE) and ratio is not None and ratio > 2.0:
             found.append(
                 f"WARNING {row['dtype']} {row['case']}: {row['implementation']} error {row['rel_err_vs_fp32']:.2e} "
                 f"is {ratio:.1f}x cuBLAS-then-scale's"
@@ -253,7 +257,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
         free_device_memory(ctx.device)
         ctx.progress.update()
     tuning = []
-    triton_module = importlib.import_module("ampkernels.scaled_matmul")._load_triton()[0]
+    module = importlib.import_module("ampkernels.scaled_matmul")
+    triton_module = module._load_triton()[0]
     if triton_module is not None:
         tuning = list(triton_module.TUNING_LOG)
     host_us = _host_time_us(ctx.device) if ctx.device.type == "cuda" and TRITON in backends else {}
@@ -263,6 +268,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "summary": _summary(rows),
         "backends": backends,
         "tuning": tuning,
+        "auto_choices": list(module.AUTO_LOG),  # what "auto" timed per problem, and its pick
         "warnings": _warnings(rows),
         "timing_note": "median of triton.testing.do_bench (GPU, L2 flushed between runs); wall time on the CPU",
     }

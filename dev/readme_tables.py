@@ -56,24 +56,28 @@ def training(doc: dict) -> list[str]:
 
 
 def scaled_matmul(doc: dict) -> list[str]:
-    has_wgmma = any(r["implementation"] == "wgmma" for r in doc["rows"])
+    has = {name: any(r["implementation"] == name for r in doc["rows"]) for name in ("auto", "wgmma")}
     lines = [
-        "| dtype | M×N×K layout | cuBLAS mm TFLOP/s | cuBLAS then scale | Triton TFLOP/s (× mm, × mm+scale) "
-        + ("| CUDA wgmma (× mm, × mm+scale) " if has_wgmma else "")
+        "| dtype | M×N×K layout | cuBLAS mm TFLOP/s | cuBLAS then scale "
+        + ("| default: auto (× mm, × mm+scale) " if has["auto"] else "")
+        + "| Triton (× mm, × mm+scale) "
+        + ("| CUDA wgmma (× mm, × mm+scale) " if has["wgmma"] else "")
         + "| CUDA WMMA (× mm) |",
-        "|---|---|---:|---:|---:|" + ("---:|" if has_wgmma else "") + "---:|",
+        "|---|---|---:|---:|" + "---:|" * (2 + has["auto"] + has["wgmma"]),
     ]
     cases: dict[tuple, dict] = {}
     for r in doc["rows"]:
         cases.setdefault((r["dtype"], r["case"]), {})[r["implementation"]] = r
+
+    def both(r: dict | None) -> str:
+        return f" {r['tflops']:.0f} ({r['vs_cublas_mm']:.2f}, {r['vs_cublas_then_scale']:.2f}) |" if r else ""
+
     for (dtype, case), by in cases.items():
-        t, w = by["triton"], by["wmma"]
-        g = by.get("wgmma")
-        wgmma = f" {g['tflops']:.0f} ({g['vs_cublas_mm']:.2f}, {g['vs_cublas_then_scale']:.2f}) |" if g else ""
+        w = by["wmma"]
         lines.append(
             f"| {DTYPES.get(dtype, dtype)} | {case} | {by['cublas_mm']['tflops']:.0f} | "
-            f"{by['cublas_then_scale']['tflops']:.0f} | {t['tflops']:.0f} ({t['vs_cublas_mm']:.2f}, "
-            f"{t['vs_cublas_then_scale']:.2f}) |{wgmma} {w['tflops']:.0f} ({w['vs_cublas_mm']:.2f}) |"
+            f"{by['cublas_then_scale']['tflops']:.0f} |{both(by.get('auto'))}{both(by['triton'])}"
+            f"{both(by.get('wgmma'))} {w['tflops']:.0f} ({w['vs_cublas_mm']:.2f}) |"
         )
     lines.append("")
     for s in doc["summary"]:

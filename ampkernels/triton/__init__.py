@@ -18,6 +18,12 @@ def num_sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def capturing() -> bool:
+    """A CUDA graph capture is running on the current stream: no host syncs (timing, tuning) now, and nothing
+    settled now that the capture's provisional choices would freeze."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 _RETAINED_FOR_GRAPHS: list[torch.Tensor] = []
 
 
@@ -25,7 +31,7 @@ def retain_if_capturing(*tensors: torch.Tensor) -> None:
     """Keep ``tensors`` for the life of the process when a CUDA graph is being captured now: the graph reads them at
     every replay (a table's pinned upload source, its device copy) but holds no reference to them, and the table
     may be rebuilt or evicted while the graph still replays (the C++ tables do the same: csrc/tensor_table.h)."""
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if capturing():
         _RETAINED_FOR_GRAPHS.extend(tensors)
 
 

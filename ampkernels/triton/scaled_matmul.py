@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from ampkernels.triton import num_sms
+from ampkernels.triton import capturing, num_sms
 
 try:  # triton >= 3.3 (the GPU machine has 3.6)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -741,7 +741,16 @@ class _Launcher:
                 return
             except (IndexError, TypeError, ValueError):  # launcher API drift (raises before launching): JIT path
                 self.runner = None
-        compiled = self.kernel[self.grid](*args, **self.options)
+        try:
+            compiled = self.kernel[self.grid](*args, **self.options)
+        except RuntimeError as exc:
+            if capturing() and "capturing" in str(exc):
+                raise RuntimeError(
+                    "ampkernels.scaled_matmul: this problem's Triton kernel was first needed inside a CUDA graph "
+                    "capture, which forbids loading it (cuModuleLoadData): run the call once before capturing (the "
+                    "warm-up torch.cuda.graphs asks for), which also tunes it"
+                ) from exc
+            raise
         if self.direct:
             self.direct = False  # one try per launcher
             self.runner = _direct_runner(compiled, self.grid)
@@ -860,7 +869,10 @@ def choose_config(p: Problem, plan: Plan) -> Config:
     )
     cfg = _TUNED.get(key)
     if cfg is None:
-        cfg = _TUNED[key] = _tune(p, plan, key)
+        if capturing():  # timing synchronizes, which a capture forbids: the next eager call tunes
+            return _heuristic(plan, M, N, K, device)
+        with torch.cuda.device(device):  # do_bench times on the current device's stream
+            cfg = _TUNED[key] = _tune(p, plan, key)
     return cfg
 
 
@@ -915,6 +927,8 @@ def launcher_for(a, b, scale, scale_mode, bias, out, accumulate, found_inf) -> _
         p = Problem(a, b, scale, scale_mode, 1.0, bias, out, accumulate, found_inf)
         plan = plan_for(a, b, out)
         launcher = _Launcher(p, plan, choose_config(p, plan), direct=True)
+        if capturing():
+            return launcher  # its config may be the untuned heuristic (see choose_config)
         if len(_LAUNCHERS) >= _MAX_CACHED:
             _LAUNCHERS.clear()
         _LAUNCHERS[key] = launcher
