@@ -160,7 +160,7 @@ def test_every_tile_configuration(op, tile, layout, dtype, monkeypatch):
         pytest.skip(f"{op} cannot run here")
     # The launchers read these variables on every call (dev knobs for dev/wmma/bench.py).
     monkeypatch.setenv(*tile)
-    # wgmma: clusters of 2 blocks sharing B through TMA multicast (the default), and single blocks.
+    # wgmma: clusters of 2 blocks sharing B through TMA multicast (opt-in), and single blocks (the default).
     for cluster in ("2", "1") if op == "wgmma" else (None,):
         if cluster is not None:
             monkeypatch.setenv("AMPKERNELS_WGMMA_CLUSTER", cluster)

@@ -86,13 +86,11 @@ int choose_bn(int M, int N, int sms) {
   return best;
 }
 
-// Blocks per cluster: 2 (vertical tile pairs sharing each B stage through TMA multicast) unless
-// AMPKERNELS_WGMMA_CLUSTER=1, or there is only one tile row.
+// Blocks per cluster: 1, or 2 with AMPKERNELS_WGMMA_CLUSTER=2 (vertical tile pairs sharing each B stage through TMA
+// multicast; opt-in until measured faster: dev/wgmma/NOTES.md) when there is more than one tile row.
 int choose_cluster(int tiles_m) {
-  if (const char* forced = std::getenv("AMPKERNELS_WGMMA_CLUSTER")) {
-    if (std::atoi(forced) == 1) return 1;
-  }
-  return tiles_m > 1 ? 2 : 1;
+  const char* forced = std::getenv("AMPKERNELS_WGMMA_CLUSTER");
+  return forced != nullptr && std::atoi(forced) == 2 && tiles_m > 1 ? 2 : 1;
 }
 
 }  // namespace
