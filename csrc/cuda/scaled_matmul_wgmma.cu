@@ -17,18 +17,18 @@
 namespace ampkernels {
 namespace wgmma_mm {
 
-extern template void launch_layouts<__nv_bfloat16, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+extern template void launch_layouts<__nv_bfloat16, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
                                                         int, cudaStream_t);
-extern template void launch_layouts<__nv_bfloat16, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+extern template void launch_layouts<__nv_bfloat16, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
                                                         int, cudaStream_t);
-extern template void launch_layouts<__nv_bfloat16, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+extern template void launch_layouts<__nv_bfloat16, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
                                                         int, cudaStream_t);
 extern template void launch_layouts<__half, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
-                                                 int, cudaStream_t);
+                                                 cudaStream_t);
 extern template void launch_layouts<__half, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
-                                                 int, cudaStream_t);
+                                                 cudaStream_t);
 extern template void launch_layouts<__half, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
-                                                 int, cudaStream_t);
+                                                 cudaStream_t);
 
 namespace {
 
@@ -86,13 +86,6 @@ int choose_bn(int M, int N, int sms) {
   return best;
 }
 
-// Blocks per cluster: 1, or 2 with AMPKERNELS_WGMMA_CLUSTER=2 (vertical tile pairs sharing each B stage through TMA
-// multicast; opt-in until measured faster: dev/wgmma/NOTES.md) when there is more than one tile row.
-int choose_cluster(int tiles_m) {
-  const char* forced = std::getenv("AMPKERNELS_WGMMA_CLUSTER");
-  return forced != nullptr && std::atoi(forced) == 2 && tiles_m > 1 ? 2 : 1;
-}
-
 }  // namespace
 }  // namespace wgmma_mm
 
@@ -127,22 +120,20 @@ bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args) {
   const int bn = choose_bn(p.M, p.N, sms);
   p.tiles_m = (p.M + kBM - 1) / kBM;
   p.tiles_n = (p.N + bn - 1) / bn;
-  const int cluster = choose_cluster(p.tiles_m);
   // a: row-major [M, K] -> lines of K, boxes 64 (K) x 128 (M); column-major -> lines of M, boxes 64 (M) x 64 (K).
   const CUtensorMap ma =
       p.row_a ? tensor_map(pa, bf16, K, M, p.lda, kBK, kBM) : tensor_map(pa, bf16, M, K, p.lda, kBox, kBK);
-  // b: row-major [K, N] -> lines of N, boxes 64 (N) x 64 (K); column-major -> lines of K, boxes 64 (K) x BN (N), or
-  // BN / 2 in a cluster of 2 (each block loads half the rows).
+  // b: row-major [K, N] -> lines of N, boxes 64 (N) x 64 (K); column-major -> lines of K, boxes 64 (K) x BN (N).
   const CUtensorMap mb =
-      p.row_b ? tensor_map(pb, bf16, N, K, p.ldb, kBox, kBK) : tensor_map(pb, bf16, K, N, p.ldb, kBK, bn / cluster);
+      p.row_b ? tensor_map(pb, bf16, N, K, p.ldb, kBox, kBK) : tensor_map(pb, bf16, K, N, p.ldb, kBK, bn);
   if (bf16) {
-    if (bn == 256) launch_layouts<__nv_bfloat16, 256>(p, ma, mb, dev, sms, cluster, stream);
-    else if (bn == 192) launch_layouts<__nv_bfloat16, 192>(p, ma, mb, dev, sms, cluster, stream);
-    else launch_layouts<__nv_bfloat16, 128>(p, ma, mb, dev, sms, cluster, stream);
+    if (bn == 256) launch_layouts<__nv_bfloat16, 256>(p, ma, mb, dev, sms, stream);
+    else if (bn == 192) launch_layouts<__nv_bfloat16, 192>(p, ma, mb, dev, sms, stream);
+    else launch_layouts<__nv_bfloat16, 128>(p, ma, mb, dev, sms, stream);
   } else {
-    if (bn == 256) launch_layouts<__half, 256>(p, ma, mb, dev, sms, cluster, stream);
-    else if (bn == 192) launch_layouts<__half, 192>(p, ma, mb, dev, sms, cluster, stream);
-    else launch_layouts<__half, 128>(p, ma, mb, dev, sms, cluster, stream);
+    if (bn == 256) launch_layouts<__half, 256>(p, ma, mb, dev, sms, stream);
+    else if (bn == 192) launch_layouts<__half, 192>(p, ma, mb, dev, sms, stream);
+    else launch_layouts<__half, 128>(p, ma, mb, dev, sms, stream);
   }
   return true;
 }

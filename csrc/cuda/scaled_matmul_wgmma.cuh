@@ -16,8 +16,6 @@
 //   (one scale, no bias, no accumulation, 16-bit output) scaled and rounded in the registers, 64 columns at a time;
 //   the others in fp32, 32 columns at a time, with the WMMA kernel's store8 (scale, bias, old output, cast). 16-byte
 //   stores; found_inf from the values as stored. Meanwhile the producer already fills the other stages.
-// AMPKERNELS_WGMMA_CLUSTER=2 (opt-in, being measured: dev/wgmma/NOTES.md): clusters of 2 blocks take vertically
-// adjacent tiles and load half of each B stage each, multicast into both blocks.
 // Any of the four operand layouts: a K-major operand (row-major a, column-major b) is one TMA box per tile; an
 // M/N-major one (a transposed view) is copied in 64-wide boxes and read with wgmma's transpose bit.
 #pragma once
@@ -92,45 +90,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
-// Arrives on the mbarrier at `bar`'s offset in block `cta` of the cluster (this block's own included). Release at
-// CTA scope, as CUTLASS's cluster barriers do: what it orders is the wgmma reads of the stage, complete once
-// wgmma.wait_group returns. NOTE (H200, dev/wgmma/probe.py): with .release.cluster, a fence at cluster scope on
-// every k-step (which also waits for the previous tile's global stores), clusters of 2 ran at 448 TFLOP/s on
-// 8192^3 bf16 against 683 for single blocks, and at half speed on 8192x768x3072.
-__device__ __forceinline__ void mbar_arrive_in(uint64_t* bar, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
-
-// Every thread of every block of the cluster (release/acquire: barrier inits are visible to the peers after it).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // One TMA box (2-D coordinates, innermost first) into shared memory; completion counted on `bar`.
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
-      : "memory");
-}
-
-// The same box into the same offsets of the shared memory of every block in `mask` (bit i: cluster rank i), each
-// block's copy counted on its own mbarrier at `bar`'s offset.
-__device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
-                                                   uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(mask)
       : "memory");
 }
 
@@ -404,54 +369,41 @@ __device__ __forceinline__ void epilogue(const Params& p, const float (&acc)[BN 
 template <typename T, int BN, int kTransA, int kTransB>
 __global__ void __launch_bounds__(kThreads, 1)
     scaled_matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                               const Params p, const int cluster) {
+                               const Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Tile<BN>;
   constexpr int S = C::kStages;
   __shared__ __align__(8) uint64_t full[S];   // stage s holds its tiles (producer's expect_tx + TMA bytes)
-  __shared__ __align__(8) uint64_t empty[S];  // every consumer of the cluster is done reading stage s
+  __shared__ __align__(8) uint64_t empty[S];  // both consumers are done reading stage s
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((kSwizzleAtom - smem_addr(smem_raw) % kSwizzleAtom) % kSwizzleAtom);
 
   const int warpgroup = threadIdx.x / 128;
-  // In a cluster of 2 the blocks take tiles in vertical pairs (rows 2u and 2u + 1 of the tile grid, one column),
-  // which need the same B tile: each block loads half of it into both blocks (TMA multicast), so a stage costs
-  // each block 32 KB of L2 reads instead of 48 (128 x 256 tiles), and a stage is refilled only once the consumers
-  // of both blocks released it. The ring offsets (and the dynamic shared memory base) are the same in both blocks.
-  const uint32_t rank = cluster > 1 ? cluster_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2 * cluster);
+      mbar_init(&empty[s], 2);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (cluster > 1) {
-    cluster_sync();  // the peer's barriers exist before anything is multicast or arrived on there
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   const int tiles_m = p.tiles_m, tiles_n = p.tiles_n;
-  const int unit_rows = (tiles_m + cluster - 1) / cluster;  // a unit: `cluster` tiles of one column
-  const int num_units = unit_rows * tiles_n;
-  const int first_unit = blockIdx.x / cluster, unit_step = gridDim.x / cluster;
+  const int num_tiles = tiles_m * tiles_n;
   const int k_tiles = (p.K + kBK - 1) / kBK;
 
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0) return;
     int it = 0;
-    for (int unit = first_unit; unit < num_units; unit += unit_step) {
-      int um, pn;
-      tile_coords(unit, unit_rows, tiles_n, um, pn);
-      // A tile row past the matrix (odd tiles_m, the second of the last pair) loads zeros and stores nothing, but
-      // still loads its half of B for the peer.
-      const int m0 = (um * cluster + rank) * kBM, n0 = pn * BN;
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      int pm, pn;
+      tile_coords(tile, tiles_m, tiles_n, pm, pn);
+      const int m0 = pm * kBM, n0 = pn * BN;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % S;
         mbar_wait(&empty[s], ((it / S) & 1) ^ 1);  // the first round passes: the barrier's previous phase is done
-        mbar_expect_tx(&full[s], C::kStageBytes);  // A, and all of B: the peer's half is counted here as well
+        mbar_expect_tx(&full[s], C::kStageBytes);
         uint8_t* a_st = ring + s * C::kStageBytes;
         uint8_t* b_st = a_st + kAStageBytes;
         const int k0 = kt * kBK;
@@ -461,31 +413,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           tma_load(a_st, &map_a, k0, m0, &full[s]);
         }
-        if (cluster == 1) {
-          if constexpr (kTransB) {
+        if constexpr (kTransB) {
 #pragma unroll
-            for (int j = 0; j < BN / kBox; ++j) {
-              tma_load(b_st + j * kBox * kBK * 2, &map_b, n0 + j * kBox, k0, &full[s]);
-            }
-          } else {
-            tma_load(b_st, &map_b, k0, n0, &full[s]);
-          }
-        } else if constexpr (kTransB) {  // boxes of 64 columns, alternately
-#pragma unroll
-          for (int j = 0; j < BN / kBox; ++j) {
-            if (j % 2 == static_cast<int>(rank)) {
-              tma_load_multicast(b_st + j * kBox * kBK * 2, &map_b, n0 + j * kBox, k0, &full[s], 0x3);
-            }
-          }
-        } else {  // K-major: BN rows of 128 bytes, half each (the host's map has boxes of BN / 2 rows)
-          tma_load_multicast(b_st + rank * (BN / 2) * kBK * 2, &map_b, k0, n0 + rank * (BN / 2), &full[s], 0x3);
+          for (int j = 0; j < BN / kBox; ++j) tma_load(b_st + j * kBox * kBK * 2, &map_b, n0 + j * kBox, k0, &full[s]);
+        } else {
+          tma_load(b_st, &map_b, k0, n0, &full[s]);
         }
       }
-    }
-    if (cluster > 1) {
-      // Stay until every stage's last use was released: the peer's consumers arrive on these barriers remotely,
-      // and must not find this block gone.
-      for (int i = 0; i < S; ++i, ++it) mbar_wait(&empty[it % S], ((it / S) & 1) ^ 1);
     }
     return;
   }
@@ -493,22 +427,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int consumer = warpgroup - 1;
   const int t = threadIdx.x % 128;
-  // Hands stage s back: to this block's producer, and in a cluster to the peer's, which multicasts into it too.
-  auto release = [&](int s) {
-    if (cluster == 1) {
-      mbar_arrive(&empty[s]);
-    } else {
-      for (int cta = 0; cta < cluster; ++cta) mbar_arrive_in(&empty[s], cta);
-    }
-  };
   float acc[C::kRegs];
 #pragma unroll
   for (int i = 0; i < C::kRegs; ++i) acc[i] = 0.f;
   int it = 0;
-  for (int unit = first_unit; unit < num_units; unit += unit_step) {
-    int um, pn;
-    tile_coords(unit, unit_rows, tiles_n, um, pn);
-    const int m0 = (um * cluster + rank) * kBM, n0 = pn * BN;
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    int pm, pn;
+    tile_coords(tile, tiles_m, tiles_n, pm, pn);
+    const int m0 = pm * kBM, n0 = pn * BN;
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % S;
       mbar_wait(&full[s], (it / S) & 1);
@@ -525,89 +451,41 @@ __global__ void __launch_bounds__(kThreads, 1)
       // dev/wgmma/probe.py): handing every stage back as soon as its own group finished (wait 0, one more stage of
       // prefetch) changed nothing (8192^3 bf16: 641-643 against 652-655 TFLOP/s): the ring is not what waits.
       wgmma_wait<1>();
-      if (kt > 0 && t == 0) release((it - 1) % S);
+      if (kt > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
     }
     wgmma_wait<0>();
     fence_registers(acc);
-    // The last stage stays taken through the epilogue (scratch: the consumer's own A rows, which no multicast
-    // writes); the producer meanwhile fills the others.
+    // The last stage stays taken through the epilogue (scratch); the producer meanwhile fills the others.
     uint8_t* last = ring + ((it - 1) % S) * C::kStageBytes;
     float* scratch = reinterpret_cast<float*>(last + consumer * kHalfABytes);
     epilogue<T, BN>(p, acc, scratch, m0 + consumer * 64, n0, consumer, t);
-    if (k_tiles > 0 && t == 0) release((it - 1) % S);
+    if (k_tiles > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
   }
 #endif
 }
 
-// Blocks of one kernel in clusters of `cluster` that can be resident at once (cudaOccupancyMaxActiveClusters), per
-// device; 0 when the query fails (then no clusters).
-template <typename Kernel>
-int max_active_clusters(Kernel kernel, int smem, int cluster, int dev, int (&known)[64]) {
-  if (dev < 0 || dev >= 64) return 0;
-  if (known[dev] == 0) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(cluster);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = cluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-      (void)cudaGetLastError();
-      clusters = 0;
-    }
-    known[dev] = clusters > 0 ? clusters : -1;
-  }
-  return known[dev] > 0 ? known[dev] : 0;
-}
-
 template <typename T, int BN, int kTransA, int kTransB>
 inline void launch(const Params& p, const CUtensorMap& map_a, const CUtensorMap& map_b, int dev, int sms,
-                   int cluster, cudaStream_t stream) {
+            cudaStream_t stream) {
   auto* kernel = scaled_matmul_wgmma_kernel<T, BN, kTransA, kTransB>;
   static bool raised[64] = {};  // per instantiation and device
   wmma_mm::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tile<BN>::kSmem, dev, raised);
   const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
-  if (cluster == 1) {
-    const int grid = static_cast<int>(tiles < sms ? tiles : sms);
-    kernel<<<grid, kThreads, Tile<BN>::kSmem, stream>>>(map_a, map_b, p, 1);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
-  static int clusters_known[64] = {};
-  const int64_t units = int64_t((p.tiles_m + cluster - 1) / cluster) * p.tiles_n;
-  const int resident = max_active_clusters(kernel, Tile<BN>::kSmem, cluster, dev, clusters_known);
-  TORCH_CHECK(resident > 0, "ampkernels: scaled_matmul_wgmma_: no cluster of ", cluster, " blocks fits this GPU");
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(cluster * (units < resident ? units : resident)));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Tile<BN>::kSmem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, map_a, map_b, p, cluster));
+  const int grid = static_cast<int>(tiles < sms ? tiles : sms);
+  kernel<<<grid, kThreads, Tile<BN>::kSmem, stream>>>(map_a, map_b, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T, int BN>
-void launch_layouts(const Params& p, const CUtensorMap& ma, const CUtensorMap& mb, int dev, int sms, int cluster,
+void launch_layouts(const Params& p, const CUtensorMap& ma, const CUtensorMap& mb, int dev, int sms,
                     cudaStream_t stream) {
   // Transposed A = column-major a (M contiguous); transposed B = row-major b (N contiguous).
   if (p.row_a) {
-    if (p.row_b) launch<T, BN, 0, 1>(p, ma, mb, dev, sms, cluster, stream);
-    else launch<T, BN, 0, 0>(p, ma, mb, dev, sms, cluster, stream);
+    if (p.row_b) launch<T, BN, 0, 1>(p, ma, mb, dev, sms, stream);
+    else launch<T, BN, 0, 0>(p, ma, mb, dev, sms, stream);
   } else {
-    if (p.row_b) launch<T, BN, 1, 1>(p, ma, mb, dev, sms, cluster, stream);
-    else launch<T, BN, 1, 0>(p, ma, mb, dev, sms, cluster, stream);
+    if (p.row_b) launch<T, BN, 1, 1>(p, ma, mb, dev, sms, stream);
+    else launch<T, BN, 1, 0>(p, ma, mb, dev, sms, stream);
   }
 }
 

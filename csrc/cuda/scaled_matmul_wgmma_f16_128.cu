@@ -5,7 +5,7 @@
 namespace ampkernels {
 namespace wgmma_mm {
 
-template void launch_layouts<__half, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int, int,
+template void launch_layouts<__half, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
                                           cudaStream_t);
 
 }  // namespace wgmma_mm

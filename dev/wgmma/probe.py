@@ -1,6 +1,6 @@
 """Probe of the wgmma scaled matmul (csrc/cuda/scaled_matmul_wgmma.cuh) on the GPU: correctness first (every layout
 and tile width against a float64 reference, on shapes with edges), then TFLOP/s against torch.mm in the same
-process for the benchmark's layouts, single blocks (AMPKERNELS_WGMMA_CLUSTER=1) against clusters of 2, taking turns.
+process for the benchmark's layouts, per tile width (AMPKERNELS_WGMMA_BN) and the launcher's own choice.
 
 Run on the device after the build: ``PYTHONPATH=$PWD timeout 120 python3 dev/wgmma/probe.py [--quick]``. Stops at the
 first wrong result (printing it), so a broken kernel costs seconds, not a test suite.
@@ -51,18 +51,13 @@ def check(M, N, K, dtype, ra, rb, width):
 
 def main(quick: bool) -> None:
     print(torch.cuda.get_device_name(), torch.__version__)
-    for cluster in ("2", "1"):  # AMPKERNELS_WGMMA_CLUSTER: pairs of blocks sharing B (multicast), single blocks
-        os.environ["AMPKERNELS_WGMMA_CLUSTER"] = cluster
-        print("cluster", cluster)
-        for width in (256, 192, 128):
-            for ra in (True, False):
-                for rb in (True, False):
-                    check(256, 2 * width, 128, torch.bfloat16, ra, rb, width)  # whole tiles
-                    check(300, width + 40, 200, torch.float16, ra, rb, width)  # edges, K tail, odd tile rows
-        check(2100, 2400, 330, torch.bfloat16, True, True, 256)  # several tiles per block, ring wrap
-        check(2100, 2400, 330, torch.bfloat16, False, False, 192)
+    for width in (256, 192, 128):
+        for ra in (True, False):
+            for rb in (True, False):
+                check(256, 2 * width, 128, torch.bfloat16, ra, rb, width)  # whole tiles
+                check(300, width + 40, 200, torch.float16, ra, rb, width)  # edges, K tail
+    check(2100, 2400, 330, torch.bfloat16, True, True, 256)  # several tiles per block, ring wrap
     os.environ.pop("AMPKERNELS_WGMMA_BN", None)
-    os.environ.pop("AMPKERNELS_WGMMA_CLUSTER", None)
 
     shapes = [
         (8192, 8192, 8192, True, True),  # nn
@@ -82,14 +77,18 @@ def main(quick: bool) -> None:
         line = []
         mm = functools.partial(torch.mm, a, b)
         ours = functools.partial(OP, a, b, None, 0, 1.0, None, out, False, None)
-        # At the steady power-capped clock (250 ms warm-up: see benchmarks/bench_scaled_matmul.py), taking turns.
-        for cluster in ("1", "2", "cuBLAS", "1", "2"):
-            if cluster == "cuBLAS":
-                ms = triton.testing.do_bench(mm, warmup=250, rep=150)
+        # 250 ms warm-up: timed at the steady power-capped clock (see benchmarks/bench_scaled_matmul.py, WARMUP_MS)
+        ms = triton.testing.do_bench(mm, warmup=250, rep=150)
+        line.append(f"cuBLAS {flop / ms / 1e9:.0f}")
+        for width in ("auto", "256", "192", "128"):
+            if width == "auto":
+                os.environ.pop("AMPKERNELS_WGMMA_BN", None)
             else:
-                os.environ["AMPKERNELS_WGMMA_CLUSTER"] = cluster
-                ms = triton.testing.do_bench(ours, warmup=250, rep=150)
-            line.append(f"{cluster} {flop / ms / 1e9:.0f}")
+                os.environ["AMPKERNELS_WGMMA_BN"] = width
+            ms = triton.testing.do_bench(ours, warmup=250, rep=150)
+            line.append(f"{width} {flop / ms / 1e9:.0f}")
+        ms = triton.testing.do_bench(mm, warmup=250, rep=150)
+        line.append(f"cuBLAS again {flop / ms / 1e9:.0f}")
         print(f"bf16 {M}x{N}x{K} a{'r' if ra else 'c'} b{'r' if rb else 'c'} TFLOP/s: " + ", ".join(line), flush=True)
 
 
