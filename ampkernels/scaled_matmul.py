@@ -26,7 +26,7 @@ import os
 import torch
 
 from ampkernels import _backend, reference
-from ampkernels.triton import capturing, num_sms
+from ampkernels.triton import capturing, num_sms, time_in_turns
 
 BACKENDS = ("auto", "triton", "wgmma", "wmma", "torch")
 AUTO_CANDIDATES = ("triton", "wgmma")
@@ -200,10 +200,8 @@ def auto_backend(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_in
 
 
 def _time_auto(candidates: tuple[str, ...], key: tuple, args: tuple) -> str:
-    """Times each candidate on scratch outputs (the caller's ``out`` and ``found_inf`` are not touched): two passes,
-    the second in reverse order, averaged, L2 flushed before every run (as Triton's tuner times its configs)."""
-    import triton.testing
-
+    """Times each candidate on scratch outputs (the caller's ``out`` and ``found_inf`` are not touched), the way
+    Triton's tuner times its configs (:func:`ampkernels.triton.time_in_turns`)."""
     a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf = args
     scratch_out = torch.zeros_like(out)
     scratch_flag = None if found_inf is None else torch.zeros_like(found_inf)
@@ -213,14 +211,10 @@ def _time_auto(candidates: tuple[str, ...], key: tuple, args: tuple) -> str:
         )
         for name in candidates
     }
-    times: dict[str, list[float]] = {name: [] for name in runs}
     with torch.cuda.device(out.device):  # do_bench times on the current device's stream
         for run in runs.values():
             run()  # compiles; Triton tunes its configs for this problem here
-        for order in (list(runs), list(reversed(runs))):
-            for name in order:
-                times[name].append(triton.testing.do_bench(runs[name], warmup=5, rep=25))
-    ms = {name: sum(t) / len(t) for name, t in times.items()}
+        ms = time_in_turns(runs)
     best = min(ms, key=ms.get)
     AUTO_LOG.append({"key": repr(key), "ms": ms, "best": best})
     return best

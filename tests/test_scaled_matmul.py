@@ -978,6 +978,47 @@ def test_every_candidate_config_on_gpu(dtype):
             assert flag.item() == 0.0
 
 
+def test_time_in_turns_alternates_and_averages(monkeypatch):
+    """The timing the tuner and "auto" share: two passes, the second reversed, means per key (do_bench faked)."""
+    triton_testing = pytest.importorskip("triton.testing")
+    from ampkernels.triton import time_in_turns
+
+    order, ms = [], {"a": [1.0, 2.0], "b": [5.0, 4.0]}
+    monkeypatch.setattr(triton_testing, "do_bench", lambda fn, warmup, rep: fn())
+    runs = {key: (lambda key=key: order.append(key) or ms[key][order.count(key) - 1]) for key in ms}
+    assert time_in_turns(runs) == {"a": 1.5, "b": 4.5}
+    assert order == ["a", "b", "b", "a"]
+
+
+def test_tuner_times_every_candidate_that_compiles(monkeypatch, fresh_caches):
+    """_tune hands each candidate's launcher, bound to scratch outputs, to time_in_turns and keeps the fastest (the
+    launchers run here, through the interpreter on a CPU; timing itself is faked: it needs a GPU)."""
+    _need_triton("cpu" if not torch.cuda.is_available() else "cuda")
+    triton_sm = _triton_module()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(35)
+    a, b = _operand(40, 32, torch.float16, device, False), _operand(32, 24, torch.float16, device, True)
+    out = torch.full((40, 24), float("nan"), dtype=torch.float32, device=device)
+    p = triton_sm.Problem(a, b, None, 0, 0.5, None, out, False, None)
+    plan = triton_sm.plan_for(a, b, out)
+    candidates = triton_sm._candidates(plan, out, 40, 24)
+    slowest_first = {cfg: float(len(candidates) - i) for i, cfg in enumerate(candidates)}
+    seen = {}
+
+    def time_in_turns(runs):
+        for cfg, run in runs.items():
+            run()
+            seen[cfg] = True
+        return {cfg: slowest_first[cfg] for cfg in runs}
+
+    monkeypatch.setattr(triton_sm, "time_in_turns", time_in_turns)
+    monkeypatch.setattr(triton_sm, "TUNING_LOG", [])
+    assert triton_sm._tune(p, plan, ("key",)) == candidates[-1]
+    assert set(seen) == set(candidates)
+    assert torch.isnan(out).all()  # the caller's output untouched: candidates run on scratch
+    assert triton_sm.TUNING_LOG[-1]["best"] == candidates[-1].describe()
+
+
 @pytest.mark.gpu
 def test_tuning_times_every_candidate_and_keeps_the_fastest(monkeypatch, fresh_caches):
     """The tuner (normally for problems of 2^30 multiply-adds and more) times each candidate through the direct

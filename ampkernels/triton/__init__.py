@@ -24,6 +24,20 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+def time_in_turns(runs: dict) -> dict:
+    """Mean ms of each of ``runs`` (key -> callable, launching on the current device) over two passes of
+    ``triton.testing.do_bench`` (L2 flushed before every run), the second pass in reverse order. NOTE (H200): the
+    GPU runs at its power cap and slows as it warms (dev/power_probe.py), so in one pass the first candidates had an
+    edge (8192^3: 1.42 ms first, the same kernel 1.58 in the benchmark); the reversed pass evens that out."""
+    import triton.testing
+
+    passes: dict = {key: [] for key in runs}
+    for order in (list(runs), list(reversed(runs))):
+        for key in order:
+            passes[key].append(triton.testing.do_bench(runs[key], warmup=5, rep=25))
+    return {key: sum(times) / len(times) for key, times in passes.items()}
+
+
 _RETAINED_FOR_GRAPHS: list[torch.Tensor] = []
 
 

@@ -30,9 +30,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
-from ampkernels.triton import capturing, num_sms
+from ampkernels.triton import capturing, num_sms, time_in_turns
 
 try:  # triton >= 3.3 (the GPU machine has 3.6)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -835,13 +834,7 @@ def _tune(p: Problem, plan: Plan, key: tuple) -> Config:
             warnings.warn(
                 f"ampkernels.scaled_matmul: config {cfg.describe()} failed: {type(exc).__name__}", stacklevel=3
             )
-    # Two passes, the second in reverse order, averaged: the GPU runs at its power cap and slows as it warms, so
-    # in one pass the first candidates had an edge (8192^3: the first 1.42 ms, the same kernel 1.58 in the benchmark).
-    passes: dict[Config, list[float]] = {cfg: [] for cfg in launchers}
-    for order in (list(launchers), list(reversed(launchers))):
-        for cfg in order:
-            passes[cfg].append(triton.testing.do_bench(lambda f=launchers[cfg]: f(*args), warmup=5, rep=25))
-    timings = {cfg: sum(times) / len(times) for cfg, times in passes.items()}
+    timings = time_in_turns({cfg: functools.partial(launcher, *args) for cfg, launcher in launchers.items()})
     if not timings:
         raise RuntimeError("ampkernels.scaled_matmul: no Triton config compiled for this problem")
     best = min(timings, key=timings.get)
