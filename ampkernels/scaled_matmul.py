@@ -10,7 +10,8 @@ Layers, top to bottom:
 * the backends: ``"triton"`` (``ampkernels/triton/scaled_matmul.py``), ``"wgmma"`` (the native op
   ``ampkernels::scaled_matmul_wgmma_``: Hopper only, in a build for sm_90a), ``"wmma"`` (the native op
   ``ampkernels::scaled_matmul_wmma_``, sm_75 and newer) or ``"torch"`` (:func:`ampkernels.reference.scaled_matmul`,
-  also the only backend for float32/float64 operands).
+  also the only backend for float32/float64 operands). On Hopper the default is ``"auto"``: Triton or wgmma per
+  problem, resolved in the ops at run time (:func:`auto_backend`).
 
 :class:`ScaledLinear` is a drop-in ``torch.nn.Linear`` running on it.
 """
