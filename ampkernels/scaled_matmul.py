@@ -89,8 +89,9 @@ def why_not(backend: str, device: torch.device) -> str | None:
             return "the wgmma kernel runs on CUDA tensors only"
         if _wgmma_op() is None:
             return _backend.why_not("native", device) or "ampkernels._C has no scaled_matmul_wgmma_ op"
-        arch_list = str(getattr(_backend.native(), "cuda_arch_list", ""))
-        if "9.0a" not in arch_list:
+        native = _backend.native()
+        if not getattr(native, "wgmma_built", False):
+            arch_list = getattr(native, "cuda_arch_list", "")
             return f"ampkernels._C was built for {arch_list!r}, without 9.0a (TORCH_CUDA_ARCH_LIST), which wgmma needs"
         capability = torch.cuda.get_device_capability(device)
         if capability != (9, 0):

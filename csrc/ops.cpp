@@ -16,6 +16,7 @@
 
 #include "checks.h"
 #include "multi_tensor.h"
+#include "scaled_matmul.h"
 
 namespace ampkernels {
 namespace {
@@ -372,10 +373,6 @@ TORCH_LIBRARY_IMPL(ampkernels, CUDA, m) {
 }
 #endif
 
-#ifndef AMPK_CUDA_ARCH_LIST
-#define AMPK_CUDA_ARCH_LIST ""
-#endif
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "ampkernels native extension: CPU kernels always, CUDA kernels when built with a CUDA toolkit";
 #ifdef AMPK_WITH_CUDA
@@ -384,6 +381,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("with_cuda") = false;
 #endif
   m.attr("cuda_arch_list") = AMPK_CUDA_ARCH_LIST;
+  m.attr("wgmma_built") = ampkernels::scaled_matmul_wgmma_built();
   m.attr("chunk_size") = ampkernels::kChunkSize;
   // Threads that at::parallel_for runs `tasks` tasks of one item on here (1 when the extension was built without
   // intra-op parallelism: at::parallel_for is inline, so it depends on how this file was compiled, not on torch).

@@ -5,9 +5,18 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
+#ifndef AMPK_CUDA_ARCH_LIST  // setup.py defines it in CUDA builds
+#define AMPK_CUDA_ARCH_LIST ""
+#endif
+
 namespace ampkernels {
+
+// Whether this build compiled the wgmma kernel (TORCH_CUDA_ARCH_LIST holds 9.0a): guards the op, and is
+// ampkernels._C.wgmma_built for Python (which reports it without touching the GPU).
+inline bool scaled_matmul_wgmma_built() { return std::strstr(AMPK_CUDA_ARCH_LIST, "9.0a") != nullptr; }
 
 // How a 2-D operand is stored: element (i, j) is at data[i * ld + j] (row-major) or data[j * ld + i] (column-major).
 struct MatLayout {
@@ -32,8 +41,6 @@ struct ScaledMatmulArgs {
 void scaled_matmul_wmma_cuda(const ScaledMatmulArgs& args);
 // The sm_90a wgmma kernel (cuda/scaled_matmul_wgmma.cu): false, without launching, when the operands do not suit TMA.
 bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args);
-// Whether this build compiled it (TORCH_CUDA_ARCH_LIST holds 9.0a).
-bool scaled_matmul_wgmma_built();
 #endif
 
 }  // namespace ampkernels

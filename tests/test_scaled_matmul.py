@@ -533,6 +533,7 @@ def test_wgmma_needs_a_build_for_9_0a(monkeypatch):
 
     class BuiltForSm90:
         cuda_arch_list = "8.0;9.0"
+        wgmma_built = False
 
     monkeypatch.setattr(sm_module._backend, "native", lambda: BuiltForSm90)
     reason = sm_module.why_not("wgmma", torch.device("cuda"))

@@ -30,9 +30,7 @@ OPS = {"wmma": _op("scaled_matmul_wmma_"), "wgmma": _op("scaled_matmul_wgmma_")}
 HAS_CUDA = torch.cuda.is_available()
 HAS_BF16 = HAS_CUDA and torch.cuda.get_device_capability()[0] >= 8
 # The wgmma kernel runs on compute capability 9.0 only, and only in a build for 9.0a.
-WGMMA_RUNS = (
-    HAS_CUDA and torch.cuda.get_device_capability() == (9, 0) and "9.0a" in str(getattr(_C, "cuda_arch_list", ""))
-)
+WGMMA_RUNS = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0) and getattr(_C, "wgmma_built", False)
 
 
 def _skip_unless_built(name: str):

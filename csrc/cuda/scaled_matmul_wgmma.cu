@@ -89,8 +89,6 @@ int choose_bn(int M, int N, int sms) {
 }  // namespace
 }  // namespace wgmma_mm
 
-bool scaled_matmul_wgmma_built() { return std::strstr(AMPK_CUDA_ARCH_LIST, "9.0a") != nullptr; }
-
 // Args: the checked arguments of ampkernels::scaled_matmul_wgmma_ (scaled_matmul_ops.cpp), on one CUDA device.
 // Returns: true when the wgmma kernel ran; false when it cannot take these operands (TMA needs 16-byte-aligned bases
 // and leading dimensions, and K > 0), and the caller runs the WMMA kernel instead.
