@@ -117,7 +117,8 @@ def _available_backends(device: torch.device) -> list[str]:
 # SM clock settles near 1500 MHz within ~100 ms of sustained load. Before that, after an idle pause or a lighter
 # kernel, it boosts toward 1980 MHz: cuBLAS took 0.363 ms in its first 100 ms after a pause and 0.412 ms from then
 # on. With do_bench's few-ms warm-up a variant was timed inside that transient, so its figure depended on what ran
-# before it (the same Triton kernel measured 0.379 ms right after cuBLAS-then-scale and 0.401 ms one turn later).
+# before it ("auto", which runs Triton or wgmma, 0.379 ms right after cuBLAS-then-scale; Triton 0.401 and wgmma
+# 0.399 ms one and two turns later).
 # Every variant is now warmed up for WARMUP_MS of back-to-back runs and timed at the cap, as in a training step.
 WARMUP_MS, REP_MS = 250, 150
 
