@@ -17,18 +17,18 @@
 namespace ampkernels {
 namespace wgmma_mm {
 
-extern template void launch_layouts<__nv_bfloat16, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
-                                                        int, cudaStream_t);
-extern template void launch_layouts<__nv_bfloat16, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
-                                                        int, cudaStream_t);
-extern template void launch_layouts<__nv_bfloat16, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
-                                                        int, cudaStream_t);
-extern template void launch_layouts<__half, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
-                                                 cudaStream_t);
-extern template void launch_layouts<__half, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
-                                                 cudaStream_t);
-extern template void launch_layouts<__half, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
-                                                 cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 256>(const Params&, const StreamK&, const CUtensorMap&,
+                                                        const CUtensorMap&, int, int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 192>(const Params&, const StreamK&, const CUtensorMap&,
+                                                        const CUtensorMap&, int, int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 128>(const Params&, const StreamK&, const CUtensorMap&,
+                                                        const CUtensorMap&, int, int, cudaStream_t);
+extern template void launch_layouts<__half, 256>(const Params&, const StreamK&, const CUtensorMap&,
+                                                 const CUtensorMap&, int, int, cudaStream_t);
+extern template void launch_layouts<__half, 192>(const Params&, const StreamK&, const CUtensorMap&,
+                                                 const CUtensorMap&, int, int, cudaStream_t);
+extern template void launch_layouts<__half, 128>(const Params&, const StreamK&, const CUtensorMap&,
+                                                 const CUtensorMap&, int, int, cudaStream_t);
 
 namespace {
 
@@ -63,29 +63,6 @@ CUtensorMap tensor_map(const void* base, bool bf16, int64_t inner, int64_t outer
   return map;
 }
 
-// Tile width: the one whose waves cost least, a narrower tile paying for its lower MMA efficiency. NOTE: estimates
-// (m64n128 and m64n192 keep the tensor cores less busy per shared-memory byte than m64n256); 8192^3 -> 256,
-// 8192 x 768 -> 192 (256 tiles: 1.9 waves where 256 leaves 1.45), AMPKERNELS_WGMMA_BN forces one.
-int choose_bn(int M, int N, int sms) {
-  if (const char* forced = std::getenv("AMPKERNELS_WGMMA_BN")) {
-    const int bn = std::atoi(forced);
-    if (bn == 128 || bn == 192 || bn == 256) return bn;
-  }
-  const int64_t tiles_m = (M + kBM - 1) / kBM;
-  int best = 256;
-  double best_cost = 0;
-  for (int bn : {256, 192, 128}) {
-    const int64_t tiles = tiles_m * ((N + bn - 1) / bn);
-    const int64_t waves = (tiles + sms - 1) / sms;
-    const double cost = double(waves) * bn * (bn == 256 ? 1.0 : (bn == 192 ? 1.03 : 1.08));
-    if (bn == 256 || cost < best_cost) {
-      best = bn;
-      best_cost = cost;
-    }
-  }
-  return best;
-}
-
 }  // namespace
 }  // namespace wgmma_mm
 
@@ -115,9 +92,23 @@ bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args) {
   const int sms = info.sms;
 
   Params p = wmma_mm::params_of(args);
-  const int bn = choose_bn(p.M, p.N, sms);
+  const WgmmaSchedule schedule = scaled_matmul_wgmma_schedule(M, N, K, sms);
+  const int bn = schedule.bn;
+  const int grid = static_cast<int>(schedule.grid);
   p.tiles_m = (p.M + kBM - 1) / kBM;
   p.tiles_n = (p.N + bn - 1) / bn;
+  StreamK sk;
+  at::Tensor partials, flags;  // freed after the launch: the caching allocator reuses them only after this stream's kernel
+  if (schedule.stream_k_tiles > 0) {
+    const int64_t steps = schedule.stream_k_tiles * ((K + kBK - 1) / kBK);
+    sk.tiles = static_cast<int>(schedule.stream_k_tiles);
+    sk.per = static_cast<int>(steps / grid);
+    sk.extra = static_cast<int>(steps % grid);
+    partials = at::empty({int64_t(grid) * kBM * bn}, a.options().dtype(at::kFloat));
+    flags = at::zeros({int64_t(grid) * 2}, a.options().dtype(at::kInt));
+    sk.partials = partials.data_ptr<float>();
+    sk.flags = flags.data_ptr<int>();
+  }
   // a: row-major [M, K] -> lines of K, boxes 64 (K) x 128 (M); column-major -> lines of M, boxes 64 (M) x 64 (K).
   const CUtensorMap ma =
       p.row_a ? tensor_map(pa, bf16, K, M, p.lda, kBK, kBM) : tensor_map(pa, bf16, M, K, p.lda, kBox, kBK);
@@ -125,13 +116,13 @@ bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args) {
   const CUtensorMap mb =
       p.row_b ? tensor_map(pb, bf16, N, K, p.ldb, kBox, kBK) : tensor_map(pb, bf16, K, N, p.ldb, kBK, bn);
   if (bf16) {
-    if (bn == 256) launch_layouts<__nv_bfloat16, 256>(p, ma, mb, dev, sms, stream);
-    else if (bn == 192) launch_layouts<__nv_bfloat16, 192>(p, ma, mb, dev, sms, stream);
-    else launch_layouts<__nv_bfloat16, 128>(p, ma, mb, dev, sms, stream);
+    if (bn == 256) launch_layouts<__nv_bfloat16, 256>(p, sk, ma, mb, dev, grid, stream);
+    else if (bn == 192) launch_layouts<__nv_bfloat16, 192>(p, sk, ma, mb, dev, grid, stream);
+    else launch_layouts<__nv_bfloat16, 128>(p, sk, ma, mb, dev, grid, stream);
   } else {
-    if (bn == 256) launch_layouts<__half, 256>(p, ma, mb, dev, sms, stream);
-    else if (bn == 192) launch_layouts<__half, 192>(p, ma, mb, dev, sms, stream);
-    else launch_layouts<__half, 128>(p, ma, mb, dev, sms, stream);
+    if (bn == 256) launch_layouts<__half, 256>(p, sk, ma, mb, dev, grid, stream);
+    else if (bn == 192) launch_layouts<__half, 192>(p, sk, ma, mb, dev, grid, stream);
+    else launch_layouts<__half, 128>(p, sk, ma, mb, dev, grid, stream);
   }
   return true;
 }
