@@ -384,12 +384,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("wgmma_built") = ampkernels::scaled_matmul_wgmma_built();
   m.def(
       "wgmma_schedule",
-      [](int64_t M, int64_t N, int64_t K, int64_t sms) {
-        const ampkernels::WgmmaSchedule s = ampkernels::scaled_matmul_wgmma_schedule(M, N, K, sms);
-        return pybind11::make_tuple(s.bn, s.stream_k_tiles, s.grid);
+      [](int64_t M, int64_t N, int64_t sms) {
+        const ampkernels::WgmmaSchedule s = ampkernels::scaled_matmul_wgmma_schedule(M, N, sms);
+        return pybind11::make_tuple(s.bn, s.grid);
       },
-      "(tile width, stream-K tiles, grid) of the wgmma kernel for an M x N x K product on `sms` SMs",
-      pybind11::arg("M"), pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("sms"));
+      "(tile width, grid) of the wgmma kernel for an M x N output on `sms` SMs", pybind11::arg("M"), pybind11::arg("N"),
+      pybind11::arg("sms"));
   m.attr("chunk_size") = ampkernels::kChunkSize;
   // Threads that at::parallel_for runs `tasks` tasks of one item on here (1 when the extension was built without
   // intra-op parallelism: at::parallel_for is inline, so it depends on how this file was compiled, not on torch).

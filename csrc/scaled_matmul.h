@@ -19,58 +19,38 @@ namespace ampkernels {
 // ampkernels._C.wgmma_built for Python (which reports it without touching the GPU).
 inline bool scaled_matmul_wgmma_built() { return std::strstr(AMPK_CUDA_ARCH_LIST, "9.0a") != nullptr; }
 
-// How the wgmma kernel covers an M x N x K product (cuda/scaled_matmul_wgmma.cuh): tiles of 128 x `bn`, and
-// `grid` persistent blocks. The first `stream_k_tiles` tiles (grouped order) are shared out by k-iterations, one
-// contiguous range per block (stream-K), the rest go round-robin whole.
+// How the wgmma kernel covers an M x N output (cuda/scaled_matmul_wgmma.cuh): tiles of 128 x `bn`, and
+// `grid` persistent blocks, each taking whole tiles round-robin.
 struct WgmmaSchedule {
   int bn = 256;
-  int64_t stream_k_tiles = 0;
   int64_t grid = 0;
 };
 
-// The schedule whose waves cost least, in k-steps of the tile width times that width's cost per column (192 and
-// 128 pay 3% and 8% for keeping the tensor cores less busy per shared-memory byte than 256). Stream-K takes the
-// last, partial wave's tiles (all of them when there are fewer than SMs) and pays per block a segment boundary and
-// ~1 k-step per fp32 partial tile written or read. Environment (dev knobs; read per call): AMPKERNELS_WGMMA_BN
-// forces a width, AMPKERNELS_WGMMA_STREAMK=0/1 never / always (where a wave is partial) shares out.
-// NOTE: 3072x768x8192 on 132 SMs: 72 tiles of 128x256 (96 of 128x192) leave 36-60 SMs idle for the whole product.
-inline WgmmaSchedule scaled_matmul_wgmma_schedule(int64_t M, int64_t N, int64_t K, int64_t sms) {
-  constexpr int64_t kBM = 128, kBK = 64;
-  constexpr double kSegmentCost = 2.0, kPartialCost = 1.0;  // k-steps (estimates)
-  constexpr int64_t kMinShare = 4;                        // k-steps per block below which stream-K never pays
-  int forced_bn = 0;
+// The tile width whose waves cost least: waves x the width x its cost per column (every width takes the same
+// k-steps), 3% and 8% more for 192 and 128, which give the tensor cores less work per shared-memory byte (operand
+// reads of m64n256k16 39 B per 1K multiply-adds, n192 41.7, n128 46.9). AMPKERNELS_WGMMA_BN (read per call; a dev
+// knob) forces a width. NOTE (H200, bf16, dev/wgmma/NOTES.md): 8192^3 -> 256; 8192 x 768 -> 192 (256 tiles, 1.94
+// waves, where 256 leaves 1.45); 3072 x 768 -> 192 (96 tiles for 132 SMs: 538-572 TFLOP/s against 465 for 72 of
+// 256). Stream-K over the idle SMs and 160-wide tiles (120 of them) were tried there and lost.
+inline WgmmaSchedule scaled_matmul_wgmma_schedule(int64_t M, int64_t N, int64_t sms) {
+  constexpr int64_t kBM = 128;
+  int forced = 0;
   if (const char* env = std::getenv("AMPKERNELS_WGMMA_BN")) {
     const int bn = std::atoi(env);
-    if (bn == 128 || bn == 192 || bn == 256) forced_bn = bn;
-  }
-  int forced_sk = -1;
-  if (const char* env = std::getenv("AMPKERNELS_WGMMA_STREAMK")) {
-    if (env[0] == '0' || env[0] == '1') forced_sk = env[0] - '0';
+    if (bn == 128 || bn == 192 || bn == 256) forced = bn;
   }
   const int64_t tiles_m = (M + kBM - 1) / kBM;
-  const int64_t k_tiles = (K + kBK - 1) / kBK;
   WgmmaSchedule best;
   double best_cost = -1;
   for (int bn : {256, 192, 128}) {
-    if (forced_bn != 0 && bn != forced_bn) continue;
-    const double per_step = bn * (bn == 256 ? 1.0 : (bn == 192 ? 1.03 : 1.08));
+    if (forced != 0 && bn != forced) continue;
+    const double per_column = bn == 256 ? 1.0 : (bn == 192 ? 1.03 : 1.08);
     const int64_t tiles = tiles_m * ((N + bn - 1) / bn);
-    const int64_t waves = (tiles + sms - 1) / sms;
-    auto consider = [&](double steps, int64_t stream_k_tiles, int64_t grid) {
-      const double cost = steps * per_step;
-      if (best_cost < 0 || cost < best_cost) {
-        best = WgmmaSchedule{bn, stream_k_tiles, grid};
-        best_cost = cost;
-      }
-    };
-    const int64_t shared_tiles = tiles < sms ? tiles : tiles % sms;
-    const int64_t share = (shared_tiles * k_tiles + sms - 1) / sms;  // k-steps per block
-    const bool can_share = tiles % sms != 0 && k_tiles > 1 && forced_sk != 0 && (share >= kMinShare || forced_sk == 1);
-    if (can_share) {
-      const int64_t parts = (k_tiles + share - 1) / share + 1;  // blocks a tile is cut between, at most
-      consider((tiles / sms) * k_tiles + share + kSegmentCost + kPartialCost * parts, shared_tiles, sms);
+    const double cost = double((tiles + sms - 1) / sms) * bn * per_column;
+    if (best_cost < 0 || cost < best_cost) {
+      best = WgmmaSchedule{bn, tiles < sms ? tiles : sms};
+      best_cost = cost;
     }
-    if (!can_share || forced_sk != 1) consider(double(waves * k_tiles), 0, tiles < sms ? tiles : sms);
   }
   return best;
 }

@@ -54,7 +54,7 @@ IN_DTYPES = [
 OUT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 LAYOUTS = [(True, True), (True, False), (False, True), (False, False)]  # (a row-major, b row-major)
 # Forced configurations the launchers know: AMPKERNELS_WMMA_TILE (csrc/cuda/scaled_matmul_wmma.cu) and
-# AMPKERNELS_WGMMA_BN (csrc/cuda/scaled_matmul_wgmma.cu).
+# AMPKERNELS_WGMMA_BN (csrc/scaled_matmul.h).
 TILES = [("AMPKERNELS_WMMA_TILE", t) for t in ["128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]]
 WGMMA_WIDTHS = [("AMPKERNELS_WGMMA_BN", w) for w in ["128", "192", "256"]]
 
@@ -260,81 +260,21 @@ def test_wgmma_runs_its_own_kernel_and_falls_back_only_where_tma_cannot_read():
     assert any("scaled_matmul_wmma_kernel" in n for n in names), names
 
 
-# Stream-K (csrc/cuda/scaled_matmul_wgmma.cuh): problems whose last wave of tiles would leave SMs idle.
-# (M, N, K): 24 tiles of 128x256 cut between ~6 blocks each (several partials per tile, ranges inside one tile); 170
-# tiles, the last wave's 38 cut into 1-2 k-step ranges, then whole tiles round-robin; partial tiles on every side.
-STREAM_K_SHAPES = [(1024, 768, 4096), (2100, 2400, 330), (300, 520, 1000)]
-
-
-def _sms() -> int:
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
-@pytest.mark.parametrize("width", ["128", "192", "256"])
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "rc", "cr", "cc"])
-@pytest.mark.parametrize("dtype", IN_DTYPES)
-@pytest.mark.gpu
-@pytest.mark.skipif(not WGMMA_RUNS or OPS["wgmma"] is None, reason="needs sm_90a")
-def test_wgmma_stream_k(width, layout, dtype, monkeypatch):
-    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", width)
-    monkeypatch.setenv("AMPKERNELS_WGMMA_STREAMK", "1")
-    for M, N, K in STREAM_K_SHAPES:
-        bn, shared_tiles, grid = _C.wgmma_schedule(M, N, K, _sms())
-        assert (bn, grid) == (int(width), _sms()) and shared_tiles > 0, "the schedule must share tiles out here"
-        a, b = matrix(M, K, dtype, layout[0]), matrix(K, N, dtype, layout[1])
-        # The owner's epilogue in both of its forms: 16-bit out with one scale; per-column scale, bias, accumulate.
-        out = run_and_check("wgmma", a, b, mode=1, alpha=0.5)
-        run_and_check("wgmma", a, b, mode=3, bias_dtype=torch.float32, out_dtype=torch.float32, accumulate=True)
-        # The partials are added in block order: the same bits on every run.
-        again = torch.full_like(out, math.nan)
-        scale = torch.tensor([0.5], device="cuda")
-        OPS["wgmma"](a, b, scale, 1, 1.0, None, again, False, None)
-        second = torch.full_like(out, math.nan)
-        OPS["wgmma"](a, b, scale, 1, 1.0, None, second, False, None)
-        assert torch.equal(again, second)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not WGMMA_RUNS or OPS["wgmma"] is None, reason="needs sm_90a")
-def test_wgmma_stream_k_found_inf(monkeypatch):
-    # The flag is raised by the block that finishes the tile, from the summed value: an overflow that only the sum
-    # of the partials reaches is found; the same product in fp32 is not.
-    monkeypatch.setenv("AMPKERNELS_WGMMA_STREAMK", "1")
-    M, N, K = 1024, 768, 4096
-    assert _C.wgmma_schedule(M, N, K, _sms())[1] > 0
-    a = torch.full((M, K), 1.0, device="cuda", dtype=torch.float16)
-    b = torch.rand(K, N, device="cuda").half() * 0.1 + 0.1  # every column sums to ~800 over K
-    b[:, 5] = 20.0  # column 5 sums to 81920 > 65504 (exact in fp32)
-    found = torch.zeros(1, device="cuda")
-    out = torch.empty(M, N, device="cuda", dtype=torch.float16)
-    OPS["wgmma"](a, b, None, 0, 1.0, None, out, False, found)
-    assert found.item() == 1.0 and out[:, 5].isinf().all() and out[:, :5].isfinite().all()
-    found.zero_()
-    out32 = torch.empty(M, N, device="cuda")
-    OPS["wgmma"](a, b, None, 0, 1.0, None, out32, False, found)
-    assert found.item() == 0.0 and torch.equal(out32[:, 5], torch.full((M,), 81920.0, device="cuda"))
-
-
 @pytest.mark.skipif(_C is None or not hasattr(_C, "wgmma_schedule"), reason="ampkernels._C is not built")
 def test_wgmma_schedule(monkeypatch):
-    # (width, stream-K tiles, grid) on the H200's 132 SMs for the benchmark's shapes; a host function, so it runs
-    # on any machine.
+    # (tile width, grid) on the H200's 132 SMs; a host function, so it runs on any machine.
     monkeypatch.delenv("AMPKERNELS_WGMMA_BN", raising=False)
-    monkeypatch.delenv("AMPKERNELS_WGMMA_STREAMK", raising=False)
     schedule = _C.wgmma_schedule
-    assert schedule(8192, 8192, 8192, 132) == (256, 2048 % 132, 132)  # 15.5 waves: the last half shared out
-    assert schedule(8192, 768, 3072, 132) == (192, 0, 132)  # 256 tiles of 192: 1.94 waves
-    # 3072x768x8192 grad-weight: 72 tiles of 256 on 132 SMs; each block takes 69-70 of the 9216 k-steps.
-    assert schedule(3072, 768, 8192, 132) == (256, 72, 132)
-    assert schedule(100, 100, 100, 132) == (128, 0, 1)  # one tile (the narrowest wastes least), 2 k-steps: kept whole
-    monkeypatch.setenv("AMPKERNELS_WGMMA_STREAMK", "0")
-    assert schedule(3072, 768, 8192, 132) == (192, 0, 96)
-    monkeypatch.setenv("AMPKERNELS_WGMMA_STREAMK", "1")
-    assert schedule(8192, 768, 3072, 132) == (256, 192 % 132, 132)  # the last wave's tiles
-    assert schedule(8192, 8192, 8192, 132) == (256, 2048 % 132, 132)
-    assert schedule(128, 256, 64, 132) == (128, 0, 2)  # one k-step: nothing to cut
-    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", "128")
-    assert schedule(3072, 768, 8192, 132) == (128, 144 % 132, 132)
+    assert schedule(8192, 8192, 132) == (256, 132)  # 2048 tiles of 256: 15.5 waves
+    assert schedule(4096, 4096, 132) == (256, 132)
+    assert schedule(8192, 768, 132) == (192, 132)  # 256 tiles of 192: 1.94 waves (256: 192 tiles, 1.45)
+    assert schedule(3072, 768, 132) == (192, 96)  # 72 tiles of 256, 96 of 192, 144 of 128 (two waves)
+    assert schedule(100, 100, 132) == (128, 1)  # one tile whatever the width: the narrowest wastes least
+    assert schedule(3072, 768, 64) == (192, 64)  # two waves of 192 beat two of 256 and three of 128
+    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", "256")
+    assert schedule(3072, 768, 132) == (256, 72)
+    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", "160")  # not a width the kernel has: ignored
+    assert schedule(3072, 768, 132) == (192, 96)
 
 
 # --------------------------------------------------------------------------------------------------------------------

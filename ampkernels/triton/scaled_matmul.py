@@ -265,7 +265,6 @@ def _scaled_mm_tma_kernel(
     DEVICE_DESC: tl.constexpr,
     STREAM_K: tl.constexpr,
     STREAM_K_COLUMNS: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
 ):
     """Persistent TMA matmul. Descriptors: a [M, K] (A_COL_MAJOR: [K, M] storage), b [K, N] (B_COL_MAJOR: [N, K]
     storage), out [M, N] with block [BLOCK_M, BLOCK_N // EPILOGUE_SPLIT]. OOB tiles read as zeros (K tail too).
@@ -367,9 +366,7 @@ def _scaled_mm_tma_kernel(
                 tl.debug_barrier()  # every thread's part is written before the flag is raised
                 tl.atomic_xchg(flags_ptr + pid, 1, sem="release")
         first_whole_tile = stream_k_tiles
-    for tile_id in tl.range(
-        first_whole_tile + tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
-    ):
+    for tile_id in tl.range(first_whole_tile + tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -464,13 +461,11 @@ class Config:
     flatten: bool = False  # TMA kernel: tl.range(flatten=True) lets the next tile's loads overlap this epilogue
     programs_per_sm: int = 1
     stream_k: bool = False  # TMA kernel: the last partial wave's tiles shared out by k-iterations (see the kernel)
-    warp_specialize: bool = False  # TMA kernel: tl.range(warp_specialize=True): producer warps issue the TMA loads
 
     def describe(self) -> str:
         extra = f" split{self.epilogue_split}" if self.epilogue_split > 1 else ""
         extra += " flat" if self.flatten else ""
         extra += " streamk" if self.stream_k else ""
-        extra += " ws" if self.warp_specialize else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k} s{self.num_stages} w{self.num_warps} g{self.group_m}"
             f"{extra} x{self.programs_per_sm}/SM"
@@ -706,7 +701,7 @@ class _Launcher:
                 M, N, K, p.scale_mode, self.stream_k_tiles, stride_a, stride_b, out.stride(0),
                 a_col, b_col, *epilogue, plan.out_tma, interpreting(),
                 cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.epilogue_split, programs, cfg.flatten,
-                self.device_desc, bool(self.stream_k_tiles), self.stream_k_columns, cfg.warp_specialize,
+                self.device_desc, bool(self.stream_k_tiles), self.stream_k_columns,
             )  # fmt: skip
         else:
             self.kernel = _scaled_mm_ptr_kernel

@@ -1,6 +1,6 @@
 // Launcher of the wgmma scaled matmul (kernels: scaled_matmul_wgmma.cuh; instantiations:
 // scaled_matmul_wgmma_<dtype>_<width>.cu, one file each so that ninja compiles them in parallel): TMA tensor maps,
-// tile width, dispatch over dtype x width x layouts.
+// dispatch over dtype x tile width (scaled_matmul_wgmma_schedule) x layouts.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -17,18 +17,18 @@
 namespace ampkernels {
 namespace wgmma_mm {
 
-extern template void launch_layouts<__nv_bfloat16, 256>(const Params&, const StreamK&, const CUtensorMap&,
-                                                        const CUtensorMap&, int, int, cudaStream_t);
-extern template void launch_layouts<__nv_bfloat16, 192>(const Params&, const StreamK&, const CUtensorMap&,
-                                                        const CUtensorMap&, int, int, cudaStream_t);
-extern template void launch_layouts<__nv_bfloat16, 128>(const Params&, const StreamK&, const CUtensorMap&,
-                                                        const CUtensorMap&, int, int, cudaStream_t);
-extern template void launch_layouts<__half, 256>(const Params&, const StreamK&, const CUtensorMap&,
-                                                 const CUtensorMap&, int, int, cudaStream_t);
-extern template void launch_layouts<__half, 192>(const Params&, const StreamK&, const CUtensorMap&,
-                                                 const CUtensorMap&, int, int, cudaStream_t);
-extern template void launch_layouts<__half, 128>(const Params&, const StreamK&, const CUtensorMap&,
-                                                 const CUtensorMap&, int, int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
+                                                        int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
+                                                        int, cudaStream_t);
+extern template void launch_layouts<__nv_bfloat16, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int,
+                                                        int, cudaStream_t);
+extern template void launch_layouts<__half, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                 cudaStream_t);
+extern template void launch_layouts<__half, 192>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                 cudaStream_t);
+extern template void launch_layouts<__half, 128>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                 cudaStream_t);
 
 namespace {
 
@@ -92,23 +92,11 @@ bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args) {
   const int sms = info.sms;
 
   Params p = wmma_mm::params_of(args);
-  const WgmmaSchedule schedule = scaled_matmul_wgmma_schedule(M, N, K, sms);
+  const WgmmaSchedule schedule = scaled_matmul_wgmma_schedule(M, N, sms);
   const int bn = schedule.bn;
   const int grid = static_cast<int>(schedule.grid);
   p.tiles_m = (p.M + kBM - 1) / kBM;
   p.tiles_n = (p.N + bn - 1) / bn;
-  StreamK sk;
-  at::Tensor partials, flags;  // freed after the launch: the caching allocator reuses them only after this stream's kernel
-  if (schedule.stream_k_tiles > 0) {
-    const int64_t steps = schedule.stream_k_tiles * ((K + kBK - 1) / kBK);
-    sk.tiles = static_cast<int>(schedule.stream_k_tiles);
-    sk.per = static_cast<int>(steps / grid);
-    sk.extra = static_cast<int>(steps % grid);
-    partials = at::empty({int64_t(grid) * kBM * bn}, a.options().dtype(at::kFloat));
-    flags = at::zeros({int64_t(grid) * 2}, a.options().dtype(at::kInt));
-    sk.partials = partials.data_ptr<float>();
-    sk.flags = flags.data_ptr<int>();
-  }
   // a: row-major [M, K] -> lines of K, boxes 64 (K) x 128 (M); column-major -> lines of M, boxes 64 (M) x 64 (K).
   const CUtensorMap ma =
       p.row_a ? tensor_map(pa, bf16, K, M, p.lda, kBK, kBM) : tensor_map(pa, bf16, M, K, p.lda, kBox, kBK);
@@ -116,13 +104,13 @@ bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args) {
   const CUtensorMap mb =
       p.row_b ? tensor_map(pb, bf16, N, K, p.ldb, kBox, kBK) : tensor_map(pb, bf16, K, N, p.ldb, kBK, bn);
   if (bf16) {
-    if (bn == 256) launch_layouts<__nv_bfloat16, 256>(p, sk, ma, mb, dev, grid, stream);
-    else if (bn == 192) launch_layouts<__nv_bfloat16, 192>(p, sk, ma, mb, dev, grid, stream);
-    else launch_layouts<__nv_bfloat16, 128>(p, sk, ma, mb, dev, grid, stream);
+    if (bn == 256) launch_layouts<__nv_bfloat16, 256>(p, ma, mb, dev, grid, stream);
+    else if (bn == 192) launch_layouts<__nv_bfloat16, 192>(p, ma, mb, dev, grid, stream);
+    else launch_layouts<__nv_bfloat16, 128>(p, ma, mb, dev, grid, stream);
   } else {
-    if (bn == 256) launch_layouts<__half, 256>(p, sk, ma, mb, dev, grid, stream);
-    else if (bn == 192) launch_layouts<__half, 192>(p, sk, ma, mb, dev, grid, stream);
-    else launch_layouts<__half, 128>(p, sk, ma, mb, dev, grid, stream);
+    if (bn == 256) launch_layouts<__half, 256>(p, ma, mb, dev, grid, stream);
+    else if (bn == 192) launch_layouts<__half, 192>(p, ma, mb, dev, grid, stream);
+    else launch_layouts<__half, 128>(p, ma, mb, dev, grid, stream);
   }
   return true;
 }

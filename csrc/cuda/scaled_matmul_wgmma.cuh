@@ -16,11 +16,6 @@
 //   (one scale, no bias, no accumulation, 16-bit output) scaled and rounded in the registers, 64 columns at a time;
 //   the others in fp32, 32 columns at a time, with the WMMA kernel's store8 (scale, bias, old output, cast). 16-byte
 //   stores; found_inf from the values as stored. Meanwhile the producer already fills the other stages.
-// Stream-K (StreamK, scaled_matmul_wgmma_schedule): when the tiles leave the last wave partly idle, that wave's
-// tiles are cut by k-iterations into one contiguous range per block, done before the block's whole tiles. A block
-// whose range starts inside a tile publishes its fp32 sum of that tile's later k-steps (one partial per block); the
-// block that holds the tile's first k-step finishes it, adding the later blocks' partials in block order (the same
-// bits on every run).
 // Any of the four operand layouts: a K-major operand (row-major a, column-major b) is one TMA box per tile; an
 // M/N-major one (a transposed view) is copied in 64-wide boxes and read with wgmma's transpose bit.
 #pragma once
@@ -61,44 +56,6 @@ struct Tile {
   static constexpr int kStageBytes = kAStageBytes + kBStageBytes;
   static constexpr int kSmem = kStages * kStageBytes + kSwizzleAtom;  // + slack to align the ring to 1024 bytes
   static constexpr int kRegs = BN / 2;  // fp32 accumulators per consumer thread (64 x BN over 128 threads)
-};
-
-// Block b's stream-K range is k-iterations [start(b), start(b + 1)) of the first `tiles` tiles laid end to end
-// (tile * k_tiles + k): `per` each, one more for the first `extra` blocks.
-struct StreamK {
-  int tiles = 0;
-  int per = 0, extra = 0;
-  float* partials = nullptr;  // [grid][2 consumers][BN / 2 accumulators / 4][128 threads] float4s
-  int* flags = nullptr;       // [grid][2], zeros: 1 once the consumer's partial is published
-  __host__ __device__ int start(int block) const { return block * per + (block < extra ? block : extra); }
-};
-
-// One unit of a block's work: k-tiles [lo, hi) of tile `tile`.
-struct Unit {
-  int tile, lo, hi;
-};
-
-// The block's units in order: its stream-K segments (one per tile its range touches), then whole tiles round-robin.
-// The producer and the consumers walk the same sequence.
-struct Units {
-  int cursor, end, next_tile;
-  __device__ Units(const StreamK& sk) : cursor(sk.start(blockIdx.x)), end(sk.start(blockIdx.x + 1)),
-                                        next_tile(sk.tiles + blockIdx.x) {}
-  __device__ bool next(int k_tiles, int num_tiles, Unit& u) {
-    if (cursor < end) {
-      u.tile = cursor / k_tiles;
-      u.lo = cursor - u.tile * k_tiles;
-      u.hi = min(k_tiles, u.lo + end - cursor);
-      cursor += u.hi - u.lo;
-      return true;
-    }
-    if (next_tile < num_tiles) {
-      u = Unit{next_tile, 0, k_tiles};
-      next_tile += gridDim.x;
-      return true;
-    }
-    return false;
-  }
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -407,57 +364,12 @@ __device__ __forceinline__ void epilogue(const Params& p, const float (&acc)[BN 
   if (check && __any_sync(0xffffffffu, bad) && t % 32 == 0) *p.found_inf = 1.f;
 }
 
-// The consumer's fp32 sums of a tile's later k-steps, for the block that finishes the tile: stored as float4s in
-// the accumulators' own order (thread t's i-th four at [i][t]: 2 KB per store instruction of the warpgroup), then
-// the flag raised once all 128 threads' stores are done (barrier, then a release at GPU scope by one thread).
-template <int R>
-__device__ __forceinline__ void publish_partial(const StreamK& sk, const float (&acc)[R], int consumer, int t) {
-  float4* dst = reinterpret_cast<float4*>(sk.partials) + (int64_t(blockIdx.x) * 2 + consumer) * (R / 4) * 128;
-#pragma unroll
-  for (int i = 0; i < R / 4; ++i) {
-    __stcg(dst + i * 128 + t, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
-  }
-  warpgroup_sync(consumer);
-  if (t == 0) {
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-    asm volatile("st.relaxed.gpu.global.b32 [%0], 1;\n" ::"l"(sk.flags + blockIdx.x * 2 + consumer) : "memory");
-  }
-}
-
-// Adds, in block order, the partials of the blocks whose ranges start inside `tile` (the blocks after this one, up
-// to the tile's last k-step), each once its flag is up. Those blocks publish before anything else they do and
-// never wait, so the wait ends (every block of the grid is resident: one per SM, grid <= SMs).
-template <int R>
-__device__ __forceinline__ void add_partials(const StreamK& sk, float (&acc)[R], int tile, int k_tiles, int consumer,
-                                             int t) {
-  const int tile_end = (tile + 1) * k_tiles;
-  for (int b = blockIdx.x + 1; b < gridDim.x && sk.start(b) < tile_end; ++b) {
-    if (t == 0) {
-      const int* flag = sk.flags + b * 2 + consumer;
-      int up = 0;
-      do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(up) : "l"(flag) : "memory");
-      } while (up == 0);
-    }
-    warpgroup_sync(consumer);
-    const float4* src = reinterpret_cast<const float4*>(sk.partials) + (int64_t(b) * 2 + consumer) * (R / 4) * 128;
-#pragma unroll
-    for (int i = 0; i < R / 4; ++i) {
-      const float4 v = __ldcg(src + i * 128 + t);
-      acc[4 * i] += v.x;
-      acc[4 * i + 1] += v.y;
-      acc[4 * i + 2] += v.z;
-      acc[4 * i + 3] += v.w;
-    }
-  }
-}
-
 #endif  // sm_90a
 
 template <typename T, int BN, int kTransA, int kTransB>
 __global__ void __launch_bounds__(kThreads, 1)
     scaled_matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                               const Params p, const StreamK sk) {
+                               const Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Tile<BN>;
   constexpr int S = C::kStages;
@@ -484,13 +396,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0) return;
     int it = 0;
-    Units units(sk);
-    Unit u;
-    while (units.next(k_tiles, num_tiles, u)) {
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       int pm, pn;
-      tile_coords(u.tile, tiles_m, tiles_n, pm, pn);
+      tile_coords(tile, tiles_m, tiles_n, pm, pn);
       const int m0 = pm * kBM, n0 = pn * BN;
-      for (int kt = u.lo; kt < u.hi; ++kt, ++it) {
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % S;
         mbar_wait(&empty[s], ((it / S) & 1) ^ 1);  // the first round passes: the barrier's previous phase is done
         mbar_expect_tx(&full[s], C::kStageBytes);
@@ -521,13 +431,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < C::kRegs; ++i) acc[i] = 0.f;
   int it = 0;
-  Units units(sk);
-  Unit u;
-  while (units.next(k_tiles, num_tiles, u)) {
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int pm, pn;
-    tile_coords(u.tile, tiles_m, tiles_n, pm, pn);
+    tile_coords(tile, tiles_m, tiles_n, pm, pn);
     const int m0 = pm * kBM, n0 = pn * BN;
-    for (int kt = u.lo; kt < u.hi; ++kt, ++it) {
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % S;
       mbar_wait(&full[s], (it / S) & 1);
       const uint8_t* a_st = ring + s * C::kStageBytes + consumer * kHalfABytes;
@@ -536,53 +444,47 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int k = 0; k < kBK / 16; ++k) {
         mma_slice<T, BN, kTransA, kTransB>(acc, slice_desc<kTransA != 0>(a_st, k), slice_desc<kTransB != 0>(b_st, k),
-                                           kt > u.lo || k > 0);
+                                           kt > 0 || k > 0);
       }
       wgmma_commit();
       // One group stays in flight; the one before it has finished reading its stage, which goes back. NOTE (H200,
       // dev/wgmma/probe.py): handing every stage back as soon as its own group finished (wait 0, one more stage of
       // prefetch) changed nothing (8192^3 bf16: 641-643 against 652-655 TFLOP/s): the ring is not what waits.
       wgmma_wait<1>();
-      if (kt > u.lo && t == 0) mbar_arrive(&empty[(it - 1) % S]);
+      if (kt > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
     }
     wgmma_wait<0>();
     fence_registers(acc);
-    uint64_t* last_empty = &empty[(it - 1) % S];
-    if (u.lo > 0) {  // a later part of a tile that an earlier block finishes
-      publish_partial(sk, acc, consumer, t);
-      if (t == 0) mbar_arrive(last_empty);
-      continue;
-    }
-    if (u.hi < k_tiles) add_partials(sk, acc, u.tile, k_tiles, consumer, t);
     // The last stage stays taken through the epilogue (scratch); the producer meanwhile fills the others.
     uint8_t* last = ring + ((it - 1) % S) * C::kStageBytes;
     float* scratch = reinterpret_cast<float*>(last + consumer * kHalfABytes);
     epilogue<T, BN>(p, acc, scratch, m0 + consumer * 64, n0, consumer, t);
-    if (t == 0) mbar_arrive(last_empty);
+    if (k_tiles > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);
   }
 #endif
 }
 
 template <typename T, int BN, int kTransA, int kTransB>
-inline void launch(const Params& p, const StreamK& sk, const CUtensorMap& map_a, const CUtensorMap& map_b, int dev,
-                   int grid, cudaStream_t stream) {
+inline void launch(const Params& p, const CUtensorMap& map_a, const CUtensorMap& map_b, int dev, int grid,
+                   cudaStream_t stream) {
   auto* kernel = scaled_matmul_wgmma_kernel<T, BN, kTransA, kTransB>;
   static bool raised[64] = {};  // per instantiation and device
   wmma_mm::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tile<BN>::kSmem, dev, raised);
-  kernel<<<grid, kThreads, Tile<BN>::kSmem, stream>>>(map_a, map_b, p, sk);
+  kernel<<<grid, kThreads, Tile<BN>::kSmem, stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// `grid` persistent blocks: scaled_matmul_wgmma_schedule's (min(tiles, SMs)).
 template <typename T, int BN>
-void launch_layouts(const Params& p, const StreamK& sk, const CUtensorMap& ma, const CUtensorMap& mb, int dev,
-                    int grid, cudaStream_t stream) {
+void launch_layouts(const Params& p, const CUtensorMap& ma, const CUtensorMap& mb, int dev, int grid,
+                    cudaStream_t stream) {
   // Transposed A = column-major a (M contiguous); transposed B = row-major b (N contiguous).
   if (p.row_a) {
-    if (p.row_b) launch<T, BN, 0, 1>(p, sk, ma, mb, dev, grid, stream);
-    else launch<T, BN, 0, 0>(p, sk, ma, mb, dev, grid, stream);
+    if (p.row_b) launch<T, BN, 0, 1>(p, ma, mb, dev, grid, stream);
+    else launch<T, BN, 0, 0>(p, ma, mb, dev, grid, stream);
   } else {
-    if (p.row_b) launch<T, BN, 1, 1>(p, sk, ma, mb, dev, grid, stream);
-    else launch<T, BN, 1, 0>(p, sk, ma, mb, dev, grid, stream);
+    if (p.row_b) launch<T, BN, 1, 1>(p, ma, mb, dev, grid, stream);
+    else launch<T, BN, 1, 0>(p, ma, mb, dev, grid, stream);
   }
 }
 

@@ -5,8 +5,8 @@
 namespace ampkernels {
 namespace wgmma_mm {
 
-template void launch_layouts<__half, 256>(const Params&, const StreamK&, const CUtensorMap&,
-                                          const CUtensorMap&, int, int, cudaStream_t);
+template void launch_layouts<__half, 256>(const Params&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                          cudaStream_t);
 
 }  // namespace wgmma_mm
 }  // namespace ampkernels
