@@ -7,7 +7,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <cstdlib>
 #include <cstring>
 
 #include "../checks.h"
