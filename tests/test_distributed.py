@@ -6,8 +6,10 @@ each other and with a single-process run over the same numbers.
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -155,6 +157,7 @@ SCENARIOS = {
 
 
 def _worker(rank, world, init_file, backend, scenario, kind, out_dir):
+    faulthandler.enable()  # an abort prints every thread's Python stack into the test's captured stderr
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
@@ -162,12 +165,18 @@ def _worker(rank, world, init_file, backend, scenario, kind, out_dir):
             torch.cuda.set_device(device)
         result = SCENARIOS[scenario](rank, world, device, kind)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        # Every rank past its last collective before any tears its connections down. NOTE: a rank aborted once in CI
-        # ("terminate called without an active exception", FSDP2 scenario) and once in ~100 local runs; the cause is
-        # not established, a rank closing its gloo group while the other still receives is the suspect.
-        dist.barrier()
+        dist.barrier()  # every rank past its last collective before any tears its connections down
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter finalization. The group outlives destroy_process_group here
+    # (torch.distributed.nn.functional, imported lazily after init, keeps group.WORLD in its default arguments), so
+    # its gloo threads, and the 8 autograd device threads FSDP2 starts, are still running at exit; a C++ thread that
+    # touches a Python object during finalization aborts with "terminate called without an active exception"
+    # (pytorch/pytorch#190489). An abort with that message failed the FSDP2 case twice in CI and once in ~100 local
+    # runs, at a point those runs did not record; faulthandler above records it should one happen before this line.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _run(tmp_path, scenario, backend="gloo", kind="sgd"):
