@@ -951,6 +951,50 @@ def test_candidates_fit_in_shared_memory():
         assert fits(cfg, 2), cfg.describe()
 
 
+# What Triton 3.6 allocates for sm_90 (dev/triton_shared_probe.py, compiled offline; a row-major, output through
+# TMA): config, output bytes, accumulate, bytes. A flattened loop that accumulates loads the previous output ahead
+# into a second piece; on the H200 the three flattened 8-warp candidates failed with OutOfResources for fp32 +=.
+TRITON_36_SHARED_BYTES = [
+    ((128, 128, 64, 4, 8, 1, True), 4, True, 262184),
+    ((128, 128, 64, 4, 8, 1, True), 4, False, 196768),
+    ((128, 128, 64, 5, 8, 1, True), 4, True, 294968),
+    ((128, 128, 64, 5, 8, 1, True), 4, False, 229536),
+    ((128, 256, 64, 3, 8, 2, True), 4, True, 279576),
+    ((128, 256, 64, 3, 8, 2, True), 2, False, 180280),
+    ((128, 128, 64, 5, 8, 1, False), 4, True, 229416),
+    ((128, 256, 64, 4, 8, 2, False), 2, False, 229408),
+    ((128, 256, 64, 4, 8, 2, False), 4, True, 262176),
+    ((128, 128, 64, 6, 8, 1, True), 2, False, 229536),
+]
+
+
+@pytest.mark.parametrize("shape, out_bytes, accumulate, allocated", TRITON_36_SHARED_BYTES)
+def test_shared_memory_estimate_bounds_what_triton_allocates(shape, out_bytes, accumulate, allocated):
+    """Never below what Triton allocates (a kept candidate would fail to compile), at most the barrier margin above,
+    and so the same verdict on the 227 KB limit."""
+    triton_sm = _triton_module()
+    if triton_sm is None:
+        pytest.skip("triton is not usable")
+    block_m, block_n, block_k, stages, warps, split, flatten = shape
+    cfg = triton_sm.Config(block_m, block_n, block_k, stages, warps, epilogue_split=split, flatten=flatten)
+    estimate = triton_sm._shared_bytes(cfg, out_bytes, accumulate)
+    assert allocated <= estimate <= allocated + triton_sm._BARRIER_BYTES
+    limit = triton_sm.HOPPER_SHARED_BYTES
+    assert (estimate <= limit) == (allocated <= limit)
+
+
+def test_candidates_leave_out_flattened_loops_that_accumulate_in_fp32():
+    triton_sm = _triton_module()
+    if triton_sm is None:
+        pytest.skip("triton is not usable")
+    out = torch.empty(3072, 768)  # fp32, stored through TMA
+    plan = triton_sm.Plan("tma", a_col=True, b_col=False, out_tma=True)
+    plain = triton_sm._candidates(plan, out, 3072, 768)
+    accumulating = triton_sm._candidates(plan, out, 3072, 768, accumulate=True)
+    assert any(cfg.flatten for cfg in plain)
+    assert accumulating == tuple(cfg for cfg in plain if not cfg.flatten)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
 def test_every_candidate_config_on_gpu(dtype):

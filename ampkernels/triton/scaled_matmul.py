@@ -779,7 +779,7 @@ def _launch(p: Problem, plan: Plan, cfg: Config) -> None:
     _Launcher(p, plan, cfg, direct=False)(p.a, p.b, p.scale, p.alpha, p.bias, p.out, p.found_inf)
 
 
-def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0) -> tuple[Config, ...]:
+def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0, accumulate: bool = False) -> tuple[Config, ...]:
     if plan.kind == "tma":
         configs = HOPPER_TMA_CONFIGS
         sms = _num_programs(out.device)
@@ -788,19 +788,29 @@ def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0) -> tuple[
             configs += HOPPER_FEW_TILES_CONFIGS
         if out.device.type == "cuda" and tiles % sms and tiles < 4 * sms:  # an idle tail worth sharing out
             configs += HOPPER_STREAM_K_CONFIGS + HOPPER_IDLE_TAIL_CONFIGS
-        # fp32 outputs, and pointer stores (converted through shared memory), need a larger epilogue buffer.
+        # Pointer stores are counted as an fp32 piece: an upper bound (see _shared_bytes).
         out_bytes = out.element_size() if plan.out_tma else 4
-        return tuple(c for c in configs if _shared_bytes(c, out_bytes) <= HOPPER_SHARED_BYTES)
+        fits = [c for c in configs if _shared_bytes(c, out_bytes, accumulate, plan.out_tma) <= HOPPER_SHARED_BYTES]
+        return tuple(fits)
     return POINTER_CONFIGS
 
 
 HOPPER_SHARED_BYTES = 227 * 1024  # per block, opted in
+_BARRIER_BYTES = 2048  # mbarriers and alignment: 24-1,048 B measured
 
 
-def _shared_bytes(cfg: Config, out_bytes: int) -> int:
-    """Shared memory of the TMA kernel: the operand ring plus one stored piece of the output tile."""
+def _shared_bytes(cfg: Config, out_bytes: int, accumulate: bool = False, out_tma: bool = True) -> int:
+    """Shared memory of the TMA kernel: the operand ring, one piece of the output tile staged for the store, and
+    with a flattened loop that accumulates through TMA a second piece for the previous output, which is loaded
+    ahead like the operands. Within the barrier margin above what Triton 3.6 allocates for sm_90 on every candidate,
+    for 16- and 32-bit outputs, accumulating or not (dev/triton_shared_probe.py, compiled offline). Without the second piece, 128x128x64 s4 flat for
+    fp32 out += a @ b looked like 192 KB; it takes 262,184 B, and the H200 rejected it and two more flattened
+    candidates with OutOfResources. For pointer stores it is an upper bound: Triton stages no piece there unless the
+    loop is flattened (128x256x64 s4 split2: 196,640 B, against 262,144 + margin)."""
     ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2
-    return ring + cfg.block_m * (cfg.block_n // cfg.epilogue_split) * out_bytes
+    piece = cfg.block_m * (cfg.block_n // cfg.epilogue_split)
+    loaded = piece * 4 if accumulate and cfg.flatten and out_tma else 0
+    return ring + piece * out_bytes + loaded + _BARRIER_BYTES
 
 
 def _heuristic(plan: Plan, M: int, N: int, K: int, device: torch.device) -> Config:
@@ -822,7 +832,7 @@ def _tune(p: Problem, plan: Plan, key: tuple) -> Config:
     trial = Problem(p.a, p.b, p.scale, p.scale_mode, p.alpha, p.bias, scratch_out, p.accumulate, scratch_flag)
     args = (trial.a, trial.b, trial.scale, trial.alpha, trial.bias, trial.out, trial.found_inf)
     launchers: dict[Config, _Launcher] = {}
-    for cfg in _candidates(plan, p.out, p.a.shape[0], p.b.shape[1]):
+    for cfg in _candidates(plan, p.out, p.a.shape[0], p.b.shape[1], p.accumulate):
         try:
             # Timed as calls will run: the compiled kernel launched directly. Through JITFunction.run each launch
             # cost ~100 us of host time, which the L2 flush between runs (~70 us) did not always hide: stream-K on
