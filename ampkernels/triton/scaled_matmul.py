@@ -790,8 +790,7 @@ def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0, accumulat
             configs += HOPPER_STREAM_K_CONFIGS + HOPPER_IDLE_TAIL_CONFIGS
         # Pointer stores are counted as an fp32 piece: an upper bound (see _shared_bytes).
         out_bytes = out.element_size() if plan.out_tma else 4
-        fits = [c for c in configs if _shared_bytes(c, out_bytes, accumulate, plan.out_tma) <= HOPPER_SHARED_BYTES]
-        return tuple(fits)
+        return tuple(c for c in configs if _shared_bytes(c, out_bytes, accumulate, plan.out_tma) <= HOPPER_SHARED_BYTES)
     return POINTER_CONFIGS
 
 
@@ -802,11 +801,12 @@ _BARRIER_BYTES = 2048  # mbarriers and alignment: 24-1,048 B measured
 def _shared_bytes(cfg: Config, out_bytes: int, accumulate: bool = False, out_tma: bool = True) -> int:
     """Shared memory of the TMA kernel: the operand ring, one piece of the output tile staged for the store, and
     with a flattened loop that accumulates through TMA a second piece for the previous output, which is loaded
-    ahead like the operands. Within the barrier margin above what Triton 3.6 allocates for sm_90 on every candidate,
-    for 16- and 32-bit outputs, accumulating or not (dev/triton_shared_probe.py, compiled offline). Without the second piece, 128x128x64 s4 flat for
-    fp32 out += a @ b looked like 192 KB; it takes 262,184 B, and the H200 rejected it and two more flattened
-    candidates with OutOfResources. For pointer stores it is an upper bound: Triton stages no piece there unless the
-    loop is flattened (128x256x64 s4 split2: 196,640 B, against 262,144 + margin)."""
+    ahead like the operands. Within the barrier margin above what Triton 3.6 allocates for sm_90 on every
+    candidate, for 16- and 32-bit outputs, accumulating or not (dev/triton_shared_probe.py, compiled offline).
+    Without the second piece, 128x128x64 s4 flat for fp32 out += a @ b looked like 192 KB; it takes 262,184 B, and
+    the H200 rejected it and two more flattened candidates with OutOfResources. For pointer stores it is an upper
+    bound: Triton stages no piece there unless the loop is flattened (128x256x64 s4 split2: 196,640 B, against
+    262,144 + margin)."""
     ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2
     piece = cfg.block_m * (cfg.block_n // cfg.epilogue_split)
     loaded = piece * 4 if accumulate and cfg.flatten and out_tma else 0
