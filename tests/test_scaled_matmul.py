@@ -951,9 +951,9 @@ def test_candidates_fit_in_shared_memory():
         assert fits(cfg, 2), cfg.describe()
 
 
-# What Triton 3.6 allocates for sm_90 (dev/triton_shared_probe.py, compiled offline; a row-major, output through
-# TMA): config, output bytes, accumulate, bytes. A flattened loop that accumulates loads the previous output ahead
-# into a second piece; on the H200 the three flattened 8-warp candidates failed with OutOfResources for fp32 +=.
+# What Triton 3.6 allocates for sm_90 (dev/triton_shared_probe.py, compiled offline; a row-major a, the output
+# stored through TMA): config, output bytes, accumulate, bytes. A flattened loop that accumulates loads the previous
+# output ahead into a second piece; on the H200 three flattened candidates failed with OutOfResources for fp32 +=.
 TRITON_36_SHARED_BYTES = [
     ((128, 128, 64, 4, 8, 1, True), 4, True, 262184),
     ((128, 128, 64, 4, 8, 1, True), 4, False, 196768),
