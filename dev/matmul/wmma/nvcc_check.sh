@@ -1,7 +1,7 @@
 #!/bin/sh
 # Compiles one file of the WMMA op alone (no link) for one arch and prints ptxas's resource report and its
 # performance notices (C7xxx, e.g. "warpgroup.wait is injected": wgmmas serialized).
-# Usage (repository root): dev/wmma/nvcc_check.sh FILE.cu ARCH [extra nvcc flags]   e.g. ... csrc/cuda/x.cu 90
+# Usage (repository root): dev/matmul/wmma/nvcc_check.sh FILE.cu ARCH [extra nvcc flags]   e.g. ... csrc/cuda/x.cu 90
 # NVCC: the compiler (default: $CUDA_HOME/bin/nvcc, this machine's /usr/local/cuda-13.0/bin/nvcc, or the one on PATH).
 set -e
 FILE=$1; ARCH=$2; shift 2

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Nsight Compute's warp-stall samples per CUDA source line for one target of dev/ncu_targets.py: where the warps of
+# Nsight Compute's warp-stall samples per CUDA source line for one target of dev/profiling/ncu_targets.py: where the warps of
 # a kernel wait, line by line (the extension is built with -lineinfo). Run after a build on the GPU machine:
-#   bash dev/ncu_source.sh TARGET KERNEL_REGEX [SKIP] [TOP]
-# e.g. bash dev/ncu_source.sh wgmma_small_k scaled_matmul_wgmma 1 30; report in $OUT/ncu_source_TARGET.{ncu-rep,csv}.
+#   bash dev/profiling/ncu_source.sh TARGET KERNEL_REGEX [SKIP] [TOP]
+# e.g. bash dev/profiling/ncu_source.sh wgmma_small_k scaled_matmul_wgmma 1 30; report in $OUT/ncu_source_TARGET.{ncu-rep,csv}.
 set -uo pipefail
 OUT=${OUT:-/tmp/ampkernels-device-out}
 mkdir -p "$OUT"
@@ -10,7 +10,7 @@ export PYTHONPATH=$PWD
 target=$1 kernel=$2 skip=${3:-1} top=${4:-30}
 report="$OUT/ncu_source_$target"
 timeout 150 ncu --clock-control none --section SourceCounters --section WarpStateStats --import-source yes \
-  -k "regex:$kernel" -s "$skip" -c 1 -f -o "$report" python3 dev/ncu_targets.py "$target" > "$report.log" 2>&1
+  -k "regex:$kernel" -s "$skip" -c 1 -f -o "$report" python3 dev/profiling/ncu_targets.py "$target" > "$report.log" 2>&1
 echo "== ncu: exit $?"; tail -n 3 "$report.log"
 ncu -i "$report.ncu-rep" --page source --csv --print-source cuda > "$report.csv" 2> "$report.err"
 ncu -i "$report.ncu-rep" --page source --csv --print-source sass > "$report.sass.csv" 2>> "$report.err"

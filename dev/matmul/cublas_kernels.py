@@ -1,5 +1,5 @@
 """Which cuBLAS kernels torch.mm runs for the benchmark's N=768 shapes (tile shape, stream-K or split-K in the name),
-and their device times. python3 dev/cublas_kernels.py (GPU machine)."""
+and their device times. python3 dev/matmul/cublas_kernels.py (GPU machine)."""
 
 from __future__ import annotations
 

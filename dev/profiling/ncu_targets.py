@@ -1,17 +1,16 @@
-"""One launch of each kernel the notes leave open, for Nsight Compute (driven by dev/ncu_probe.sh).
+"""One launch of each kernel the notes leave open, for Nsight Compute (driven by dev/profiling/ncu_probe.sh).
 
-python3 dev/ncu_targets.py unscale|streamk|wmma|wgmma
+python3 dev/profiling/ncu_targets.py unscale|wmma|wgmma|wgmma_small_k
 - unscale: FusedGradScaler.unscale_ over 64 fp32 gradients of 16M elements (4.3 GB, Llama-1B scale): the write path
   at 85-88% of copy bandwidth;
-- streamk: the Triton TMA kernel on 3072x768x8192 bf16, plain then stream-K (128x256x64, 3 stages): the shared
-  k-steps run ~1.6x slower per step than the plain kernel's;
 - wmma: the CUDA WMMA kernel on 8192^3 bf16 (45% of cuBLAS), 128x128x64 tiles of 4 warps, single- then
   double-buffered fragments;
 - wgmma: the sm_90a wgmma kernel on 4096 x 4096 x 4096 bf16 (nn), 256- then 128-wide tiles (the 256-wide ones ran
   ~25% slower per FLOP in the first measurement);
 - wgmma_small_k: the same kernel on 8192 x 3072 x 768 bf16 (x @ W.T), where it reaches 0.47x cuBLAS: ~11 us per
   tile beyond its k-steps.
-Each target runs its kernel twice (compile/warm-up, then the one to profile).
+Only public entry points are used (the backend names and the C++ tile knobs AMPKERNELS_WMMA_TILE and
+AMPKERNELS_WGMMA_BN). Each target runs its kernel twice (compile/warm-up, then the one to profile).
 """
 
 import sys
@@ -31,17 +30,6 @@ def unscale() -> None:
     for _ in range(2):
         scaler.unscale_(opt)
         scaler.update()
-
-
-def streamk() -> None:
-    from ampkernels.triton import scaled_matmul as sm
-
-    a = torch.randn(3072, 8192, device="cuda").bfloat16()
-    b = torch.randn(8192, 768, device="cuda").bfloat16()
-    out = torch.empty(3072, 768, device="cuda", dtype=torch.bfloat16)
-    for cfg in (sm.Config(128, 256, 64, 3, 8, epilogue_split=2), sm.HOPPER_STREAM_K_CONFIGS[0]):
-        for _ in range(2):
-            sm.scaled_mm_(a, b, None, 0, 1.0, None, out, False, None, config=cfg)
 
 
 def wmma() -> None:
@@ -80,6 +68,6 @@ def wgmma_small_k() -> None:
 
 
 if __name__ == "__main__":
-    targets = {"unscale": unscale, "streamk": streamk, "wmma": wmma, "wgmma": wgmma, "wgmma_small_k": wgmma_small_k}
+    targets = {"unscale": unscale, "wmma": wmma, "wgmma": wgmma, "wgmma_small_k": wgmma_small_k}
     targets[sys.argv[1]]()
     torch.cuda.synchronize()

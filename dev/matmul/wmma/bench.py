@@ -1,6 +1,6 @@
 """Times ampkernels::scaled_matmul_wmma_ against torch.mm (cuBLAS) in the same process, for every tile configuration
 the launcher knows (AMPKERNELS_WMMA_TILE), and prints TFLOP/s and % of cuBLAS. Run from the repository root after
-building the extension: ``python3 dev/wmma/bench.py [--quick]``.
+building the extension: ``python3 dev/matmul/wmma/bench.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
-from ampkernels import _backend  # noqa: E402
+import ampkernels._C  # noqa: E402,F401  (registers torch.ops.ampkernels.*)
 
-_backend.native()
 OP = torch.ops.ampkernels.scaled_matmul_wmma_
 TILES = ["auto", "128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]
 

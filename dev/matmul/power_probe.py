@@ -1,13 +1,13 @@
 """Does a matmul's measured speed depend on what ran just before it? (H200: the large products run at the 700 W cap.)
 
-In the benchmark run of session 9 our first variant measured 4-7% faster than the same kernels one or two turns
+In one benchmark run our first variant measured 4-7% faster than the same kernels one or two turns
 later (bf16 8192x4096x4096 fwd: 0.379 ms as "auto", which runs Triton or wgmma; 0.401 ms as "triton" and 0.399 ms as
 "wgmma"). This prints, for
 bf16 8192x4096x4096 (x @ W.T), per-launch times (CUDA events) over runs of `SECONDS` of one kernel, as medians per
 100 ms window: after an idle pause, and right after another kernel's run. nvidia-smi samples SM clock and power
 every 100 ms meanwhile (printed per segment).
 
-python3 dev/power_probe.py   (GPU; ~25 s)
+python3 dev/matmul/power_probe.py   (GPU; ~25 s)
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 and tile width against a float64 reference, on shapes with edges), then TFLOP/s against torch.mm in the same
 process for the benchmark's layouts, per tile width (AMPKERNELS_WGMMA_BN) and the launcher's own choice.
 
-Run on the device after the build: ``PYTHONPATH=$PWD timeout 120 python3 dev/wgmma/probe.py [--quick]``. Stops at the
-first wrong result (printing it), so a broken kernel costs seconds, not a test suite.
+Run on the device after the build: ``PYTHONPATH=$PWD timeout 120 python3 dev/matmul/wgmma/probe.py [--quick]``.
+Stops at the first wrong result (printing it), so a broken kernel costs seconds, not a test suite.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import functools
 import os
 import sys
 
+import ampkernels._C  # noqa: F401  (registers torch.ops.ampkernels.*)
 import torch
 import triton.testing
 
-from ampkernels import _backend
-
-_backend.native()
 OP = torch.ops.ampkernels.scaled_matmul_wgmma_
 
 

@@ -1,6 +1,6 @@
 """Host time of the post-backward phase (clip_grad_norm_, step, update) with FusedAdamW on many small tensors.
 
-python3 dev/profile_step_host.py [num_tensors]   (CUDA machine, extension built in place)
+python3 dev/scaler/profile_step_host.py [num_tensors]   (CUDA machine, extension built in place)
 Each segment's host time is timed without a sync (the GPU work, ~0.1 ms for 10k x 1024, runs behind); 'fresh'
 re-creates every .grad as a new tensor on the same memory each step, as zero_grad(set_to_none=True) + backward do
 (Python's gc is off during the loops: the 10k tensors made per step would otherwise trigger collections in the timed
