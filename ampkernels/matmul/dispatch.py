@@ -13,11 +13,11 @@ from ampkernels import dispatch, reference
 from ampkernels._constants import SCALE_ROW
 from ampkernels.triton import capturing, num_sms, time_in_turns
 
-# NOTE (H200, benchmarks/bench_scaled_matmul.py, at the steady power-capped clock): on the large shapes Triton and wgmma are
-# within 1-2% of each other, either one ahead; on the 768-wide layers, whose 128x256 Triton tiles leave the last
-# wave mostly idle, the wgmma kernel leads (3072x768x8192: 0.87x cuBLAS against 0.81x; 8192x768x3072: 0.97-0.98x
-# against 0.91-0.92x). Neither wins everywhere, so "auto" times both once per problem signature, like Triton's own
-# tuner does its configs.
+# NOTE (H200, benchmarks/bench_scaled_matmul.py, at the steady power-capped clock): on the large shapes Triton and
+# wgmma are within 1-2% of each other, either one ahead; on the 768-wide layers, whose 128x256 Triton tiles leave the
+# last wave mostly idle, the wgmma kernel leads (3072x768x8192: 0.87x cuBLAS against 0.81x; 8192x768x3072:
+# 0.97-0.98x against 0.91-0.92x). Neither wins everywhere, so "auto" times both once per problem signature, like
+# Triton's own tuner does its configs.
 AUTO_MIN_MACS = 2**32  # below (~10 us on an H200), Triton: its launcher costs a few us of host time, the op ~20
 _AUTO: dict[tuple, str] = {}
 _MAX_CACHED = 4096  # problem signatures remembered; dynamic shapes would otherwise grow the cache without bound
