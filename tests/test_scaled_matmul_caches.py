@@ -16,6 +16,7 @@ from scaled_matmul_helpers import (
 )
 
 from ampkernels.matmul import api as sm_api
+from ampkernels.matmul import dispatch as sm_dispatch
 from ampkernels.scaled_matmul import scaled_matmul
 
 
@@ -212,3 +213,16 @@ def test_direct_launch_can_be_disabled(monkeypatch):
         pytest.skip("triton is not usable")
     monkeypatch.setenv("AMPKERNELS_TRITON_DIRECT_LAUNCH", "0")
     assert triton_sm._direct_runner(object(), (1,)) is None
+
+
+def test_measurement_logs_are_bounded():
+    """What "auto" and the Triton tuner measured is kept for the benchmark, but only the latest entries: a process
+    with dynamic shapes would otherwise grow the logs without bound."""
+    assert sm_dispatch.AUTO_LOG.maxlen is not None
+    triton_sm = _triton_module()
+    if triton_sm is not None:
+        assert triton_sm.TUNING_LOG.maxlen is not None
+    for _ in range(sm_dispatch.AUTO_LOG.maxlen + 5):
+        sm_dispatch.AUTO_LOG.append({})
+    assert len(sm_dispatch.AUTO_LOG) == sm_dispatch.AUTO_LOG.maxlen
+    sm_dispatch.AUTO_LOG.clear()
