@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import GradScaler, OptState, _refresh_per_optimizer_state
 
-from ampkernels import _backend, ops, reference
+from ampkernels import dispatch, ops, reference
 
 # Key of the per-optimizer state entry that holds a deferred divisor: after clip_grad_norm_ with a fused optimizer
 # the gradients are still scaled, and the true gradients are ``grad / pending``; step() hands ``pending`` to the
@@ -182,8 +182,7 @@ class FusedGradScaler(GradScaler):
             raise ValueError(f"FusedGradScaler: max_scale must be > 0, got {max_scale!r}")
         if min_scale is not None and max_scale is not None and min_scale > max_scale:
             raise ValueError(f"FusedGradScaler: min_scale ({min_scale}) is above max_scale ({max_scale})")
-        if backend is not None and backend not in _backend.BACKENDS:
-            raise ValueError(f"FusedGradScaler: backend must be one of {_backend.BACKENDS}, got {backend!r}")
+        dispatch.check_backend("unscale_reduce_", backend)
         if process_group is not None:
             _check_process_group(process_group)
         super().__init__(device, float(init_scale), growth_factor, backoff_factor, growth_interval, enabled)
@@ -216,7 +215,7 @@ class FusedGradScaler(GradScaler):
         change (the tables themselves re-validate the gradients every call, in C++ for the native backend)."""
         groups = [g["params"] for g in optimizer.param_groups]
         cached = self._grad_tables.get(optimizer)
-        if cached is not None and _backend.same_params(groups, cached[0]):
+        if cached is not None and dispatch.same_params(groups, cached[0]):
             return cached[1]
         flat = tuple(p for params in groups for p in params)
         by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
@@ -226,9 +225,9 @@ class FusedGradScaler(GradScaler):
             by_device[p.device].append(p)
         tables = []
         for device, params in by_device.items():
-            name = _backend.select(device, self._backend)
+            name = dispatch.select("unscale_reduce_", device, self._backend)
             if name == "native" and not any(_is_dtensor(p) for p in params):
-                table = _backend.native().GradTable(params, str(device))
+                table = dispatch.native().GradTable(params, str(device))
             else:
                 table = _TorchGradTable(params, device, name)
             tables.append((device, table, params))
@@ -239,7 +238,7 @@ class FusedGradScaler(GradScaler):
 
     def _scale_on(self, device: torch.device) -> torch.Tensor:
         assert self._scale is not None
-        return _backend.to_kernel_device(self._scale, device)
+        return dispatch.to_kernel_device(self._scale, device)
 
     def _fused_pass(
         self,
@@ -260,8 +259,8 @@ class FusedGradScaler(GradScaler):
         results = []
         with torch.no_grad():
             for device, table, params in self._tables(optimizer):
-                s = self._scale_on(device) if scale is None else _backend.to_kernel_device(scale, device)
-                f = None if factor is None else _backend.to_kernel_device(factor, device)
+                s = self._scale_on(device) if scale is None else dispatch.to_kernel_device(scale, device)
+                f = None if factor is None else dispatch.to_kernel_device(factor, device)
                 found = torch.zeros((), dtype=torch.float32, device=device)
                 norm, _, coef = table.unscale_reduce(s, found, f, write, norm_type, False, max_norm, revalidate)
                 sparse = table.sparse_params()
@@ -339,7 +338,7 @@ class FusedGradScaler(GradScaler):
             if self._scale is None:
                 self._lazy_init_scale_growth_tracker(device)
             if device not in per_device:
-                per_device[device] = _backend.to_kernel_device(self._scale, device)
+                per_device[device] = dispatch.to_kernel_device(self._scale, device)
             return per_device[device]
 
         def apply_scale(val):

@@ -1,32 +1,44 @@
-"""``python -m ampkernels.info``: versions, the GPU, its Tensor Core dtypes, and the backend of each op."""
+"""``python -m ampkernels.info``: versions, the GPU, its Tensor Core dtypes, the ampkernels environment variables that
+are set, and per op and device the backend chosen and why each other one cannot run (:mod:`ampkernels.dispatch`)."""
 
 from __future__ import annotations
 
-import importlib
+import os
 import platform
 
 import torch
 
-from ampkernels import __version__, _backend
+from ampkernels import __version__, dispatch
 
 # Lowest compute capability whose Tensor Cores take each dtype.
 _TENSOR_CORE_DTYPES = [("float16", (7, 0)), ("bfloat16", (8, 0)), ("tf32", (8, 0)), ("float8 (e4m3/e5m2)", (8, 9))]
 
-OPS = ["unscale_reduce_ (unscale + non-finite check + norm)", "update_scale_"]
+_OP_NAMES = {
+    "unscale_reduce_": "unscale_reduce_ (unscale + non-finite check + norm)",
+    "update_scale_": "update_scale_",
+    "adam": "adam (FusedAdam, FusedAdamW)",
+    "sgd": "sgd (FusedSGD)",
+    "scaled_matmul": "scaled_matmul (and ScaledLinear)",
+}
 
 
-def _scaled_matmul_line(device: torch.device) -> str:
-    # ampkernels.scaled_matmul the attribute is the function; the module is reached by its import path.
-    sm = importlib.import_module("ampkernels.scaled_matmul")
-
+def _op_line(op: str, device: torch.device) -> str:
+    label = _OP_NAMES[op]
     try:
-        chosen = sm.select_backend(device)
-    except RuntimeError as exc:  # an override that cannot run here
-        return f"  op scaled_matmul: {exc}"
-    others = [f"{name}: {sm.why_not(name, device) or 'available'}" for name in sm.BACKENDS if name != chosen]
+        chosen = dispatch.select(op, device)
+    except (RuntimeError, ValueError) as exc:  # an override that cannot run here, or a bad name in it
+        return f"  {label}: {exc}"
+    asked, source = dispatch.requested(op)
+    how = f"{source}={asked}" if asked is not None else "default"
+    shown = chosen
     if chosen == "auto":
-        chosen = f"auto ({' or '.join(sm.AUTO_CANDIDATES)} per problem, the faster as timed on first use)"
-    return f"  op scaled_matmul: {chosen} (others: {'; '.join(others)})"
+        shown = f"auto ({' or '.join(dispatch.auto_candidates(device))} per problem, the faster as timed on first use)"
+    others = []
+    for name in dispatch.BACKENDS[op]:
+        if name != chosen:
+            reason = dispatch.why_not(op, name, device)
+            others.append(f"{name}: {'available' if reason is None else reason}")
+    return f"  {label}: {shown} [{how}] (others: {'; '.join(others)})"
 
 
 def report() -> str:
@@ -35,14 +47,16 @@ def report() -> str:
         import triton
 
         lines.append(
-            f"triton {triton.__version__}" + (" (TRITON_INTERPRET=1)" if _backend.triton_interpreting() else "")
+            f"triton {triton.__version__}" + (" (TRITON_INTERPRET=1)" if dispatch.triton_interpreting() else "")
         )
     except ImportError:
         lines.append("triton: not installed")
     lines.append(f"torch CUDA runtime: {torch.version.cuda or 'none (CPU build of torch)'}")
-    native = _backend.native()
+    set_variables = [f"{name}={os.environ[name]}" for name in dispatch.ENVIRONMENT if name in os.environ]
+    lines.append(f"environment: {', '.join(set_variables) if set_variables else 'no ampkernels variable set'}")
+    native = dispatch.native()
     if native is None:
-        lines.append(f"native extension: not available: {_backend.why_not('native', torch.device('cpu'))}")
+        lines.append(f"native extension: not available: {dispatch.why_not('adam', 'native', 'cpu')}")
     else:
         archs = native.cuda_arch_list or "-"
         lines.append(f"native extension: built {'with' if native.with_cuda else 'without'} CUDA (archs: {archs})")
@@ -65,14 +79,9 @@ def report() -> str:
     else:
         lines.append("GPU: none visible to torch")
     for device in devices:
-        chosen = _backend.select(device)
-        lines.append(f"backends for {device.type} tensors: using {chosen!r}")
-        for name in _backend.BACKENDS:
-            reason = _backend.why_not(name, device)
-            lines.append(f"  {name:7s} {'available' if reason is None else 'unavailable: ' + reason}")
-        for op in OPS:
-            lines.append(f"  op {op}: {chosen}")
-        lines.append(_scaled_matmul_line(device))
+        lines.append(f"backends for {device.type} tensors:")
+        for op in dispatch.BACKENDS:
+            lines.append(_op_line(op, device))
     return "\n".join(lines)
 
 

@@ -1,8 +1,9 @@
-"""Functional multi-tensor AMP ops: wrappers that check, pick a backend and launch.
+"""The scaler's multi-tensor ops (unscale + non-finite check + norm, loss-scale update): public wrappers that check
+every argument (errors name it), pick a backend (:mod:`ampkernels.dispatch`) and launch.
 
-Each op has a plain-PyTorch reference in :mod:`ampkernels.reference` with the same contract. The native ops are
-registered with ``torch.library`` (schemas in ``csrc/ops.cpp``) with fake implementations here, so
-``torch.compile`` can trace through them.
+Each op has a plain-PyTorch reference in :mod:`ampkernels.reference` with the same contract. The Triton launch code
+checks nothing again; the native ops keep their own checks (``torch.ops.ampkernels.*`` can be called directly) and
+are registered with ``torch.library`` with fake implementations here, so ``torch.compile`` can trace through them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from ampkernels import _backend, reference
+from ampkernels import dispatch, reference
 
 
 class UnscaleResult(NamedTuple):
@@ -33,15 +34,44 @@ def _norm_code(norm_type: float | None) -> float:
     raise ValueError(f"ampkernels: argument 'norm_type': the fused kernels compute 2 and inf norms, got {norm_type}")
 
 
-def _check_scalar(t: torch.Tensor, name: str, device: torch.device) -> None:
+_TENSOR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_scalar(t, name: str, device: torch.device, dtype: torch.dtype = torch.float32, numel: int = 1) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"ampkernels: argument '{name}': expected a tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32 or t.numel() != 1:
+    if t.dtype != dtype or t.numel() != numel:
+        what = "1-element" if numel == 1 else f"{numel}-element"
         raise ValueError(
-            f"ampkernels: argument '{name}': expected a 1-element float32 tensor, got {t.dtype} {tuple(t.shape)}"
+            f"ampkernels: argument '{name}': expected a {what} {dtype} tensor, got {t.dtype} {tuple(t.shape)}"
         )
     if t.device != device:
         raise ValueError(f"ampkernels: argument '{name}': expected a tensor on {device}, got one on {t.device}")
+    if numel > 1 and not t.is_contiguous():
+        raise ValueError(f"ampkernels: argument '{name}': expected a contiguous tensor, got strides {t.stride()}")
+
+
+def _check_tensors(tensors: list, device: torch.device) -> None:
+    """Every element a strided floating-point tensor on ``device`` (the native op checks the same in C++)."""
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"ampkernels: argument 'tensors': element {i} is a {type(t).__name__}, not a tensor")
+        if t.dtype not in _TENSOR_DTYPES:
+            raise TypeError(
+                f"ampkernels: argument 'tensors': element {i} has dtype {t.dtype}; "
+                "supported: float32, float16, bfloat16, float64"
+            )
+        if t.device != device:
+            raise ValueError(
+                f"ampkernels: argument 'tensors': element {i} is on {t.device}, expected {device} (like found_inf)"
+            )
+        if t.layout != torch.strided:
+            raise TypeError(f"ampkernels: argument 'tensors': element {i} has layout {t.layout}; only strided")
+
+
+def _check_real(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"ampkernels: argument '{name}': expected a real number, got {type(value).__name__}")
 
 
 def unscale_reduce_(
@@ -75,17 +105,23 @@ def unscale_reduce_(
     Is equivalent to ``torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, 1 / scale)`` followed by
     ``torch.nn.utils.get_total_norm(tensors, norm_type)`` — in one pass, with no host synchronization.
     """
+    if isinstance(tensors, torch.Tensor):
+        raise TypeError("ampkernels: argument 'tensors': expected a list or tuple of tensors, got one tensor")
+    if not isinstance(found_inf, torch.Tensor):
+        raise TypeError(f"ampkernels: argument 'found_inf': expected a tensor, got {type(found_inf).__name__}")
     device = found_inf.device
     _check_scalar(scale, "scale", device)
     _check_scalar(found_inf, "found_inf", device)
     if factor is not None:
         _check_scalar(factor, "factor", device)
     code = _norm_code(norm_type)
-    if max_norm is not None and norm_type is None:
-        raise ValueError("ampkernels: argument 'max_norm': a clip coefficient needs norm_type")
+    if max_norm is not None:
+        if norm_type is None:
+            raise ValueError("ampkernels: argument 'max_norm': a clip coefficient needs norm_type")
+        _check_real(max_norm, "max_norm")
     tensors = list(tensors)
-    name = _backend.select(device, backend)
-    if name == "native":
+    name = dispatch.select("unscale_reduce_", device, backend)
+    if name == "native":  # the C++ op checks the tensor list (one pass over it, in C++)
         norm, each, coef = torch.ops.ampkernels.unscale_reduce_(
             tensors, scale, found_inf, factor, write, code, per_tensor, -1.0 if max_norm is None else float(max_norm)
         )
@@ -95,12 +131,13 @@ def unscale_reduce_(
             each if has_norm and per_tensor else None,
             coef if has_norm and max_norm is not None else None,
         )
+    _check_tensors(tensors, device)
     if name == "triton":
         # The Triton kernels walk flat memory: stage non-contiguous views through a contiguous copy.
         staged = {i: t.contiguous() for i, t in enumerate(tensors) if not t.is_contiguous()}
         flat = [staged.get(i, t) for i, t in enumerate(tensors)]
         coef = torch.empty((), dtype=torch.float32, device=device) if max_norm is not None else None
-        norm, each = _backend.triton_module().unscale_reduce_(
+        norm, each = dispatch.triton_module("unscale_reduce_").unscale_reduce_(
             flat,
             scale,
             found_inf,
@@ -115,12 +152,6 @@ def unscale_reduce_(
             for i, copy in staged.items():
                 tensors[i].copy_(copy)
         return UnscaleResult(norm, each, coef)
-    for i, t in enumerate(tensors):
-        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-            raise ValueError(
-                f"ampkernels: argument 'tensors': element {i} has dtype {t.dtype}; "
-                "supported: float32, float16, bfloat16, float64"
-            )
     norm, each = reference.unscale_reduce_(
         tensors, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor
     )
@@ -173,13 +204,35 @@ def update_scale_(
         counters: int64 [2] (updates, skipped steps) and history: float32 [N] (ring buffer of scales), optional.
     See :func:`ampkernels.reference.update_scale_` for the exact rule.
     """
-    if hysteresis < 1:
-        raise ValueError(f"ampkernels: argument 'hysteresis': must be >= 1, got {hysteresis}")
-    if growth_interval < 1:
-        raise ValueError(f"ampkernels: argument 'growth_interval': must be >= 1, got {growth_interval}")
-    if hysteresis > 1 and hysteresis_tracker is None:
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"ampkernels: argument 'scale': expected a tensor, got {type(scale).__name__}")
+    device = scale.device
+    _check_scalar(scale, "scale", device)
+    _check_scalar(growth_tracker, "growth_tracker", device, torch.int32)
+    _check_scalar(found_inf, "found_inf", device)
+    for arg, value in (("growth_interval", growth_interval), ("hysteresis", hysteresis)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"ampkernels: argument '{arg}': expected an int, got {type(value).__name__}")
+        if not 1 <= value < 2**31:
+            raise ValueError(f"ampkernels: argument '{arg}': must be >= 1 (and < 2**31), got {value}")
+    for arg, value in (
+        ("growth_factor", growth_factor),
+        ("backoff_factor", backoff_factor),
+        ("min_scale", min_scale),
+        ("max_scale", max_scale),
+    ):
+        _check_real(value, arg)
+    if hysteresis_tracker is not None:
+        _check_scalar(hysteresis_tracker, "hysteresis_tracker", device, torch.int32)
+    elif hysteresis > 1:
         raise ValueError("ampkernels: argument 'hysteresis_tracker': required when hysteresis > 1")
-    name = _backend.select(scale.device, backend)
+    if counters is not None:
+        _check_scalar(counters, "counters", device, torch.int64, numel=2)
+    if history is not None:
+        if counters is None:
+            raise ValueError("ampkernels: argument 'history': needs counters (its write position is counters[0])")
+        _check_scalar(history, "history", device, numel=history.numel())
+    name = dispatch.select("update_scale_", device, backend)
     if name == "native":
         tracker = hysteresis_tracker
         if tracker is None:  # hysteresis 1: the tracker's value never matters, only that one exists
@@ -199,7 +252,7 @@ def update_scale_(
             history,
         )
         return
-    impl = _backend.triton_module() if name == "triton" else reference
+    impl = dispatch.triton_module("update_scale_") if name == "triton" else reference
     impl.update_scale_(
         scale,
         growth_tracker,
@@ -218,7 +271,7 @@ def update_scale_(
 
 def _register_fakes() -> None:
     """Fake (meta) implementations of the native ops, so torch.compile and opcheck can trace them."""
-    if _backend.native() is None or not hasattr(torch.library, "register_fake"):
+    if dispatch.native() is None or not hasattr(torch.library, "register_fake"):
         return
 
     @torch.library.register_fake("ampkernels::unscale_reduce_")

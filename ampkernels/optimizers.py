@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ampkernels import _backend, reference
+from ampkernels import dispatch, reference
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -70,8 +70,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     _STATE_KEYS: tuple = ()
 
     def __init__(self, params, defaults: dict[str, Any], backend: str | None) -> None:
-        if backend is not None and backend not in _backend.BACKENDS:
-            raise ValueError(f"ampkernels: argument 'backend': expected one of {_backend.BACKENDS}, got {backend!r}")
+        dispatch.check_backend(self._KIND, backend)
         self._requested_backend = backend
         self._plans: dict[int, _Plan] = {}
         super().__init__(params, defaults)
@@ -191,11 +190,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         for (device, _, grad_dtype), params in grouped.items():
             states = [self._init_state(p, group) for p in params]
             lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(self._STATE_KEYS))]
-            backend = _backend.select(device, self._requested_backend)
+            backend = dispatch.select(self._KIND, device, self._requested_backend)
             # Only the first bucket watches the group's gradient-less params: one check per step is enough.
             bucket = _Bucket(device, grad_dtype, params, lists, backend, watch if not buckets else [])
             if backend == "native":
-                bucket.table = _backend.native().OptimizerTable(self._KIND, params, lists, bucket.watch, grad_dtype)
+                bucket.table = dispatch.native().OptimizerTable(self._KIND, params, lists, bucket.watch, grad_dtype)
             elif backend == "triton":
                 from ampkernels.triton import optimizers as triton_optimizers
 
@@ -209,7 +208,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             rebuild
             or plan is None
             or plan.options != self._options(group)
-            or not _backend.same_params([group["params"]], plan.params)
+            or not dispatch.same_params([group["params"]], plan.params)
             or (not plan.buckets and any(p.grad is not None for p in group["params"]))
         ):
             plan = self._plans[index] = self._build_plan(index, group)
@@ -300,7 +299,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 return t
             key = (id(t), device)
             if key not in per_device:
-                per_device[key] = _backend.to_kernel_device(t, device)
+                per_device[key] = dispatch.to_kernel_device(t, device)
             return per_device[key]
 
         for index, group in enumerate(self.param_groups):

@@ -38,7 +38,8 @@ def unscale_reduce_(
     1.0 when any *input* element is non-finite, and never cleared. Returns ``(norm, per_tensor_norms)``: the
     ``norm_type`` norm (2 or inf) of all ``v`` (rounded to each tensor's dtype, as ``unscale_`` stores them) together
     (0-d) and of each tensor ([len(tensors)]), float32, or
-    ``None`` when not requested. Norms are accumulated in float64 here; the kernels accumulate in float32.
+    ``None`` when not requested. Norms are accumulated in float64 here; the kernels accumulate a 16/32-bit
+    tensor's in float32 and a float64 tensor's in float64.
     """
     if norm_type is not None and norm_type != 2.0 and not math.isinf(norm_type):
         raise ValueError(f"norm_type must be 2.0 or inf, got {norm_type}")

@@ -483,8 +483,7 @@ CLIP_BACKEND_SCENARIO = Scenario(("sgd", "adamw_fused"), clip=1.0, steps=8, inje
 def _ours_on_backend(device: str, backend: str, **kw) -> FusedGradScaler:
     if "backend" not in inspect.signature(FusedGradScaler.__init__).parameters:
         pytest.skip("FusedGradScaler has no backend= argument")
-    why_not = getattr(getattr(ampkernels, "_backend", None), "why_not", None)
-    reason = why_not(backend, torch.device(device)) if why_not is not None else None
+    reason = ampkernels.dispatch.why_not("unscale_reduce_", backend, device)
     if reason is not None:
         pytest.skip(f"backend {backend!r} unavailable on {device}: {reason}")
     return FusedGradScaler(device, backend=backend, **kw)

@@ -8,13 +8,14 @@ CPU), ``torch`` (the reference itself, checked against hand-written expectations
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 
 import ampkernels
-from ampkernels import _backend, ops, reference
+from ampkernels import dispatch, ops, reference
 
 BACKENDS = ["native", "triton", "torch"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -23,7 +24,7 @@ CHUNK_EDGES = [16383, 16384, 16385, 65535, 65536, 65537]
 
 
 def _skip_unless_runs(backend: str, device: str) -> None:
-    reason = _backend.why_not(backend, torch.device(device))
+    reason = dispatch.why_not("unscale_reduce_", backend, device)
     if reason is not None:
         pytest.skip(reason)
 
@@ -43,7 +44,7 @@ def _scalar(value, device):
 
 def _assert_close_to_reference(got, want, dtype, device):
     """Unscaled values: bitwise, except bf16 under the Triton interpreter (its casts truncate: within 1 ulp)."""
-    if dtype == torch.bfloat16 and device == "cpu" and _backend.triton_interpreting():
+    if dtype == torch.bfloat16 and device == "cpu" and dispatch.triton_interpreting():
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)
     else:
         assert torch.equal(got, want), (got - want).abs().max()
@@ -65,7 +66,7 @@ def test_unscale_matches_reference_bitwise(device, backend, scale):
         _assert_close_to_reference(got, want, got.dtype, device)
     assert found.item() == 0.0
     # Norms are of the values as stored; the interpreter's truncating bf16 casts move those by up to 1 bf16 ulp.
-    rtol = 2**-7 if backend == "triton" and device == "cpu" and _backend.triton_interpreting() else 1e-5
+    rtol = 2**-7 if backend == "triton" and device == "cpu" and dispatch.triton_interpreting() else 1e-5
     torch.testing.assert_close(res.norm, ref_norm, rtol=rtol, atol=0)
     torch.testing.assert_close(res.per_tensor_norms, ref_each, rtol=rtol, atol=0)
 
@@ -267,7 +268,7 @@ def test_scale_floor_replaces_underflow_to_zero():
     assert scale.item() == reference.FLOAT32_TINY
 
 
-@pytest.mark.skipif(_backend.native() is None, reason="native extension not built")
+@pytest.mark.skipif(dispatch.native() is None, reason="native extension not built")
 def test_opcheck_native_ops():
     tensors = [torch.randn(30) * 8, torch.randn(7).half()]
     args = (tensors, _scalar(2.0, "cpu"), _scalar(0.0, "cpu"), None, True, 2.0, True, 1.0)
@@ -293,12 +294,12 @@ def test_opcheck_native_ops():
     )
 
 
-@pytest.mark.skipif(_backend.native() is None, reason="native extension not built")
+@pytest.mark.skipif(dispatch.native() is None, reason="native extension not built")
 def test_grad_table_is_reused_while_the_gradients_stay_and_rebuilt_when_they_move():
     params = [torch.nn.Parameter(torch.randn(n)) for n in (10, 20000, 3)]
     for p in params:
         p.grad = torch.randn_like(p) * 8
-    table = _backend.native().GradTable(params, "cpu")
+    table = dispatch.native().GradTable(params, "cpu")
 
     def unscale():
         table.unscale_reduce(_scalar(2.0, "cpu"), _scalar(0.0, "cpu"), None, True, 0.0, False, -1.0)
@@ -328,14 +329,14 @@ def test_grad_table_is_reused_while_the_gradients_stay_and_rebuilt_when_they_mov
     assert table.rebuilds == 5 and torch.equal(params[0].grad, expected / 2)
 
 
-@pytest.mark.skipif(_backend.native() is None, reason="native extension not built")
+@pytest.mark.skipif(dispatch.native() is None, reason="native extension not built")
 def test_tables_list_every_address_their_kernels_use():
     """addresses() (what dev/graph_stale_addresses.py checks a captured graph against) names each tensor's memory."""
     params = [torch.nn.Parameter(torch.randn(n)) for n in (5, 7)]
     for p in params:
         p.grad = torch.randn_like(p)
     grads = {p.grad.data_ptr() for p in params}
-    table = _backend.native().GradTable(params, "cpu")
+    table = dispatch.native().GradTable(params, "cpu")
     assert table.addresses() == []  # built on first use
     table.refresh()
     assert {a for role, a in table.addresses() if role == "grad"} == grads
@@ -352,7 +353,7 @@ def test_tables_list_every_address_their_kernels_use():
         assert by_role[key] == {opt.state[p][key].data_ptr() for p in params}
 
 
-@pytest.mark.skipif(_backend.native() is None, reason="native extension not built")
+@pytest.mark.skipif(dispatch.native() is None, reason="native extension not built")
 @pytest.mark.skipif(not torch.backends.openmp.is_available(), reason="torch built without OpenMP")
 def test_native_parallel_for_runs_on_torchs_intra_op_threads():
     # at::parallel_for is inline: built without -fopenmp, the extension's CPU kernels and gradient checks ran on one
@@ -360,8 +361,57 @@ def test_native_parallel_for_runs_on_torchs_intra_op_threads():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert _backend.native().parallel_for_threads(8) == 2
+        assert dispatch.native().parallel_for_threads(8) == 2
         torch.set_num_threads(1)
-        assert _backend.native().parallel_for_threads(8) == 1
+        assert dispatch.native().parallel_for_threads(8) == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_python_backends_check_every_argument_once(device, backend):
+    """The public wrappers check the arguments for every backend (the Triton launch code checks nothing again);
+    each error names the argument."""
+    _skip_unless_runs(backend, device)
+    ts = [torch.randn(10, device=device)]
+    s, f = _scalar(2.0, device), _scalar(0.0, device)
+    f64 = torch.float64
+    unscale = functools.partial(ops.unscale_reduce_, backend=backend)
+    cases = [
+        (ValueError, "scale", lambda: unscale(ts, _scalar(2.0, device).to(f64), f)),
+        (ValueError, "found_inf", lambda: unscale(ts, s, torch.zeros(2, device=device))),
+        (ValueError, "factor", lambda: unscale(ts, s, f, factor=torch.ones(1, device="meta"))),
+        (ValueError, "element 1", lambda: unscale([ts[0], torch.ones(3, device="meta")], s, f)),
+        (TypeError, "element 0 .*complex", lambda: unscale([ts[0].to(torch.complex64)], s, f)),
+        (TypeError, "element 1 .*int32", lambda: unscale([ts[0], ts[0].int()], s, f)),
+        (TypeError, "'tensors'", lambda: unscale(ts[0], s, f)),
+        (ValueError, "norm_type", lambda: unscale(ts, s, f, norm_type=1.0)),
+        (ValueError, "max_norm", lambda: unscale(ts, s, f, max_norm=1.0)),
+        (TypeError, "max_norm", lambda: unscale(ts, s, f, norm_type=2.0, max_norm="1")),
+    ]
+    g = torch.zeros(1, dtype=torch.int32, device=device)
+    i64 = torch.int64
+    upd = functools.partial(ops.update_scale_, backend=backend)
+    cases += [
+        (ValueError, "growth_tracker", lambda: upd(s, torch.zeros(1, dtype=i64, device=device), f, 2.0, 0.5, 3)),
+        (ValueError, "counters", lambda: upd(s, g, f, 2.0, 0.5, 3, counters=torch.zeros(3, dtype=i64, device=device))),
+        (ValueError, "hysteresis_tracker", lambda: upd(s, g, f, 2.0, 0.5, 3, hysteresis=2)),
+        (ValueError, "history", lambda: upd(s, g, f, 2.0, 0.5, 3, history=torch.zeros(4, device=device))),
+        (ValueError, "growth_interval", lambda: upd(s, g, f, 2.0, 0.5, 0)),
+        (TypeError, "growth_interval", lambda: upd(s, g, f, 2.0, 0.5, 2.5)),
+        (TypeError, "backoff_factor", lambda: upd(s, g, f, 2.0, None, 3)),
+        (ValueError, "found_inf", lambda: upd(s, g, torch.zeros(1, device="meta"), 2.0, 0.5, 3)),
+    ]
+    for error, pattern, call in cases:
+        with pytest.raises(error, match=pattern):
+            call()
+
+
+@pytest.mark.parametrize("backend", ["", "native ", "cuda", "auto"])
+def test_unknown_backend_names_the_argument_and_the_choices(backend):
+    with pytest.raises(ValueError, match="argument 'backend'.*native/triton/torch"):
+        ops.unscale_reduce_([], _scalar(1.0, "cpu"), _scalar(0.0, "cpu"), backend=backend)
+    with pytest.raises(ValueError, match="argument 'backend'.*native/triton/torch"):
+        ops.update_scale_(
+            _scalar(1.0, "cpu"), torch.zeros(1, dtype=torch.int32), _scalar(0.0, "cpu"), 2.0, 0.5, 1, backend=backend
+        )

@@ -14,8 +14,7 @@ import warnings
 import pytest
 import torch
 
-from ampkernels import FusedAdam, FusedAdamW, FusedGradScaler, FusedSGD, reference
-from ampkernels import _backend as backend_mod
+from ampkernels import FusedAdam, FusedAdamW, FusedGradScaler, FusedSGD, dispatch, reference
 
 FP32_TOL = dict(rtol=1e-5, atol=1e-6)
 CHUNK = 16384
@@ -41,9 +40,9 @@ SMALL_SHAPES = [(3, 5), (70,), (1,)]  # for the Triton interpreter (slow)
 
 def backends_for(device: str) -> list[str]:
     out = ["torch"]
-    if backend_mod.why_not("native", torch.device(device)) is None:
+    if dispatch.why_not("adam", "native", device) is None:
         out.append("native")
-    if backend_mod.why_not("triton", torch.device(device)) is None:
+    if dispatch.why_not("adam", "triton", device) is None:
         out.append("triton")
     return out
 
@@ -451,7 +450,7 @@ def test_lr_scheduler_stepping_after_a_skipped_step_matches_stock(device):
 
 
 def test_functional_op_matches_reference(device):
-    if backend_mod.why_not("native", torch.device(device)) is not None:
+    if dispatch.why_not("adam", "native", device) is not None:
         pytest.skip("native extension not available")
     ps = make_params([(5,), (CHUNK + 1,)], device)
     grads = [torch.randn_like(p) for p in ps]

@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from ampkernels import _backend
+from ampkernels import dispatch
 
-_C = _backend.native()  # importing ampkernels._C registers its ops
+_C = dispatch.native()  # importing ampkernels._C registers its ops
 
 
 def _op(name: str):

@@ -1,0 +1,339 @@
+"""Which implementation runs each op, why another cannot, and how to override the choice.
+
+Ops and their backends (``BACKENDS[op]``, in order of preference):
+
+* ``unscale_reduce_``, ``update_scale_`` (the scaler's ops) and ``adam``, ``sgd`` (the fused optimizers):
+  ``native`` (the C++ extension: CUDA kernels for CUDA tensors, CPU kernels for CPU tensors), ``triton`` (CUDA
+  tensors; CPU tensors under ``TRITON_INTERPRET=1``, chosen there only when asked for: the interpreter is for tests),
+  ``torch`` (plain PyTorch, :mod:`ampkernels.reference`).
+* ``scaled_matmul``: ``auto`` (Hopper: Triton or wgmma per problem, the faster as timed on first use), ``triton``,
+  ``wgmma`` (the native sm_90a kernel), ``wmma`` (the native sm_75+ kernel), ``torch`` (the reference). On CPU
+  tensors the default is ``torch``.
+
+A missing piece never breaks ``import ampkernels``: it only removes a backend, and asking for that backend by name
+raises with the reason (:func:`why_not`). The choice (:func:`select`): the backend passed by the caller, else the
+op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs.
+
+Environment variables read by ampkernels (``python -m ampkernels.info`` prints those set):
+
+* ``AMPKERNELS_BACKEND`` = native|triton|torch: every op's backend. For scaled_matmul ``native`` means the native
+  kernel that runs here (wgmma, else wmma); ``triton`` and ``torch`` mean themselves.
+* ``AMPKERNELS_SCALER_BACKEND`` = native|triton|torch: unscale_reduce_ and update_scale_ (FusedGradScaler, ops).
+* ``AMPKERNELS_OPTIMIZER_BACKEND`` = native|triton|torch: FusedAdam/FusedAdamW/FusedSGD.
+* ``AMPKERNELS_SCALED_MATMUL_BACKEND`` = auto|triton|wgmma|wmma|torch: scaled_matmul and ScaledLinear.
+* ``AMPKERNELS_TUNE`` = 1 (default) | 0: 0 turns off timing (Triton's matmul config tuning and ``auto``'s choice
+  between Triton and wgmma); fixed rules decide instead.
+* ``AMPKERNELS_SCALED_MATMUL_TMA_DESC`` = device (default) | host: where the Triton matmul builds its TMA
+  descriptors (``host``: ``triton.tools.tensor_descriptor``; for comparing the two).
+* ``AMPKERNELS_TRITON_DIRECT_LAUNCH`` = 1 (default) | 0: 0 launches the Triton matmul through ``JITFunction.run``
+  instead of the cached compiled kernel (for checking the fast path against Triton's own).
+* ``AMPKERNELS_WGMMA_BN`` = 128|192|256 (read by the C++ wgmma launcher per call): forces its tile width.
+* ``AMPKERNELS_WMMA_TILE`` = auto|128x128x32w4|128x128x64w4|128x128x64w4db|portable (read by the C++ WMMA
+  launcher): forces its configuration.
+* ``TRITON_INTERPRET`` = 1 (Triton's own): Triton kernels run on CPU tensors in the interpreter; must be set before
+  ampkernels imports its Triton kernels (``triton.jit`` reads it when it decorates them).
+
+Read at build time by ``setup.py``: ``AMPKERNELS_NO_NATIVE=1`` (no C++ at all), ``AMPKERNELS_NO_CUDA=1`` (CPU
+kernels only).
+
+The backend variables are read on each choice; scaled_matmul remembers its choice per call signature, so call
+``ampkernels.scaled_matmul.clear_caches()`` after changing them in a running process.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import torch
+
+SCALER_OPS = ("unscale_reduce_", "update_scale_")
+OPTIMIZER_OPS = ("adam", "sgd")
+_MULTI_TENSOR_BACKENDS = ("native", "triton", "torch")
+MATMUL_BACKENDS = ("auto", "triton", "wgmma", "wmma", "torch")
+#: The backends "auto" chooses between, per problem.
+AUTO_CANDIDATES = ("triton", "wgmma")
+
+BACKENDS: dict[str, tuple[str, ...]] = {
+    **{op: _MULTI_TENSOR_BACKENDS for op in SCALER_OPS + OPTIMIZER_OPS},
+    "scaled_matmul": MATMUL_BACKENDS,
+}
+
+GLOBAL_VARIABLE = "AMPKERNELS_BACKEND"
+#: The environment variable that overrides each op's backend (before ``AMPKERNELS_BACKEND``).
+VARIABLES: dict[str, str] = {
+    **{op: "AMPKERNELS_SCALER_BACKEND" for op in SCALER_OPS},
+    **{op: "AMPKERNELS_OPTIMIZER_BACKEND" for op in OPTIMIZER_OPS},
+    "scaled_matmul": "AMPKERNELS_SCALED_MATMUL_BACKEND",
+}
+
+#: Every environment variable ampkernels reads at run time (the docstring above says what each does).
+ENVIRONMENT = (
+    GLOBAL_VARIABLE,
+    "AMPKERNELS_SCALER_BACKEND",
+    "AMPKERNELS_OPTIMIZER_BACKEND",
+    "AMPKERNELS_SCALED_MATMUL_BACKEND",
+    "AMPKERNELS_TUNE",
+    "AMPKERNELS_SCALED_MATMUL_TMA_DESC",
+    "AMPKERNELS_TRITON_DIRECT_LAUNCH",
+    "AMPKERNELS_WGMMA_BN",
+    "AMPKERNELS_WMMA_TILE",
+    "TRITON_INTERPRET",
+)
+
+_TRITON_MODULES = {
+    **{op: "ampkernels.triton.multi_tensor" for op in SCALER_OPS},
+    **{op: "ampkernels.triton.optimizers" for op in OPTIMIZER_OPS},
+    "scaled_matmul": "ampkernels.triton.scaled_matmul",
+}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What is installed
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _load_native():
+    try:
+        return importlib.import_module("ampkernels._C"), None
+    except ImportError as exc:  # not built, or built against another torch
+        return None, (
+            f"ampkernels._C could not be imported ({exc}); build it with "
+            "`pip install --no-build-isolation -e .` (set CUDA_HOME for the CUDA kernels)"
+        )
+
+
+def native():
+    """The native extension module (importing it registers the ``torch.ops.ampkernels`` ops), or ``None``."""
+    return _load_native()[0]
+
+
+@functools.cache
+def _load_triton(module: str):
+    try:
+        return importlib.import_module(module), None
+    except Exception as exc:  # ImportError, or a Triton that fails to initialise
+        return None, f"triton is not usable ({type(exc).__name__}: {exc})"
+
+
+def triton_module(op: str):
+    """The Triton launch module of ``op`` (e.g. ``ampkernels.triton.multi_tensor``), or ``None``."""
+    return _load_triton(_TRITON_MODULES[_check_op(op)])[0]
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton kernels run in the interpreter (on CPU tensors) rather than on a GPU."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _native_matmul_op(name: str):
+    native()
+    try:
+        return getattr(torch.ops.ampkernels, name)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def wmma_op():
+    """``torch.ops.ampkernels.scaled_matmul_wmma_``, or ``None`` when the extension lacks it."""
+    return _native_matmul_op("scaled_matmul_wmma_")
+
+
+def wgmma_op():
+    """``torch.ops.ampkernels.scaled_matmul_wgmma_``, or ``None`` when the extension lacks it."""
+    return _native_matmul_op("scaled_matmul_wgmma_")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Why a backend cannot run
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _check_op(op: str) -> str:
+    if op not in BACKENDS:
+        raise ValueError(f"ampkernels: unknown op {op!r}; ops: {', '.join(BACKENDS)}")
+    return op
+
+
+def check_backend(op: str, backend: str | None, argument: str = "backend") -> str | None:
+    """``backend`` if it is ``None`` or one of ``op``'s backend names, else a ValueError naming ``argument`` and the
+    valid names (an empty string is not "the default": it raises too)."""
+    valid = BACKENDS[_check_op(op)]
+    if backend is not None and backend not in valid:
+        where = f"environment variable {argument}" if argument.startswith("AMPKERNELS_") else f"argument '{argument}'"
+        raise ValueError(
+            f"ampkernels: {where}: expected one of {'/'.join(valid)} for {op} (or unset for the default), "
+            f"got {backend!r}"
+        )
+    return backend
+
+
+def _why_not_native(device: torch.device) -> str | None:
+    mod, err = _load_native()
+    if mod is None:
+        return err
+    if device.type == "cuda" and not mod.with_cuda:
+        return "ampkernels._C was built without CUDA (no CUDA toolkit or a CPU build of torch at build time)"
+    if device.type not in ("cpu", "cuda"):
+        return f"no native kernels for {device.type} tensors"
+    return None
+
+
+def _why_not_triton(op: str, device: torch.device) -> str | None:
+    mod, err = _load_triton(_TRITON_MODULES[op])
+    if mod is None:
+        return err
+    if triton_interpreting():
+        if device.type == "cpu":
+            return None
+        return f"TRITON_INTERPRET=1 runs the Triton kernels on the host: CPU tensors only, not {device.type}"
+    if device.type == "cuda":
+        return None
+    return "Triton runs on CUDA tensors (or on CPU tensors under TRITON_INTERPRET=1)"
+
+
+def _why_not_matmul(backend: str, device: torch.device) -> str | None:
+    if backend == "wmma":
+        if device.type != "cuda":
+            return "the WMMA kernel runs on CUDA tensors only"
+        if wmma_op() is None:
+            return _why_not_native(device) or (
+                "ampkernels._C has no scaled_matmul_wmma_ op (built without its CUDA kernel); "
+                "rebuild with `pip install --no-build-isolation -e .` and CUDA_HOME set"
+            )
+        return None
+    if backend == "wgmma":
+        if device.type != "cuda":
+            return "the wgmma kernel runs on CUDA tensors only"
+        if wgmma_op() is None:
+            return _why_not_native(device) or "ampkernels._C has no scaled_matmul_wgmma_ op"
+        mod = native()
+        if not getattr(mod, "wgmma_built", False):
+            arch_list = getattr(mod, "cuda_arch_list", "")
+            return f"ampkernels._C was built for {arch_list!r}, without 9.0a (TORCH_CUDA_ARCH_LIST), which wgmma needs"
+        capability = torch.cuda.get_device_capability(device)
+        if capability != (9, 0):
+            return f"wgmma needs a compute capability 9.0 GPU (H100, H200), this one is {capability[0]}.{capability[1]}"
+        return None
+    if backend == "auto":
+        if auto_candidates(device):
+            return None
+        return f"'auto' chooses between {' and '.join(AUTO_CANDIDATES)} per problem, and neither runs here"
+    raise AssertionError(backend)
+
+
+def why_not(op: str, backend: str, device: torch.device | str) -> str | None:
+    """``None`` when ``backend`` can run ``op`` on ``device``, else the reason it cannot."""
+    check_backend(op, backend)
+    device = torch.device(device)
+    if backend == "torch":
+        return None
+    if backend == "triton":
+        return _why_not_triton(op, device)
+    if backend == "native":
+        return _why_not_native(device)
+    return _why_not_matmul(backend, device)
+
+
+@functools.cache
+def _auto_candidates(device: torch.device) -> tuple[str, ...]:
+    return tuple(name for name in AUTO_CANDIDATES if why_not("scaled_matmul", name, device) is None)
+
+
+def auto_candidates(device: torch.device) -> tuple[str, ...]:
+    """The backends of :data:`AUTO_CANDIDATES` that run scaled_matmul on ``device`` (cached per device)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _auto_candidates(device)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The choice
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def requested(op: str, backend: str | None = None) -> tuple[str | None, str]:
+    """(the backend asked for, who asked): ``backend`` (argument), else the op's variable, else the global one;
+    ``(None, "default")`` when nobody asked. Raises ValueError for a name that is not one of the op's backends."""
+    check_backend(op, backend)
+    if backend is not None:
+        return backend, "argument 'backend'"
+    variable = VARIABLES[op]
+    value = os.environ.get(variable)
+    if value:
+        return check_backend(op, value, argument=variable), variable
+    value = os.environ.get(GLOBAL_VARIABLE)
+    if value:
+        if value not in _MULTI_TENSOR_BACKENDS:
+            raise ValueError(
+                f"ampkernels: environment variable {GLOBAL_VARIABLE}: expected one of "
+                f"{'/'.join(_MULTI_TENSOR_BACKENDS)}, got {value!r}"
+            )
+        return value, GLOBAL_VARIABLE  # for scaled_matmul, "native" is resolved by select()
+    return None, "default"
+
+
+def _default(op: str, device: torch.device) -> str:
+    if op == "scaled_matmul":
+        if device.type != "cuda":
+            return "torch"
+        if len(auto_candidates(device)) > 1:
+            return "auto"
+        order = ("triton", "wgmma", "wmma", "torch")
+    else:
+        order = ("native", "triton", "torch") if device.type == "cuda" else ("native", "torch")
+    return next(name for name in order if why_not(op, name, device) is None)
+
+
+def select(op: str, device: torch.device | str, requested_backend: str | None = None) -> str:
+    """The backend that runs ``op`` on ``device``: ``requested_backend`` (RuntimeError with the reason if it cannot
+    run), else the op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs."""
+    device = torch.device(device)
+    name, source = requested(op, requested_backend)
+    if name is None:
+        return _default(op, device)
+    if op == "scaled_matmul" and name == "native":  # AMPKERNELS_BACKEND=native: the native kernel that runs here
+        reasons = {k: why_not(op, k, device) for k in ("wgmma", "wmma")}
+        ok = [k for k, reason in reasons.items() if reason is None]
+        if ok:
+            return ok[0]
+        detail = "; ".join(f"{k}: {reason}" for k, reason in reasons.items())
+        raise RuntimeError(f"ampkernels: {op}: {source}=native, and no native kernel runs on {device} ({detail})")
+    reason = why_not(op, name, device)
+    if reason is not None:
+        raise RuntimeError(f"ampkernels: {op}: backend {name!r} ({source}) cannot run on {device}: {reason}")
+    return name
+
+
+def clear_caches() -> None:
+    """Forgets what was learnt about the installation (after building the extension in a running process)."""
+    _load_native.cache_clear()
+    _load_triton.cache_clear()
+    _auto_candidates.cache_clear()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Helpers shared by the callers of the multi-tensor ops
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def same_params(groups: list, flat: tuple) -> bool:
+    """Whether the parameter lists ``groups`` still hold exactly the objects ``flat`` (identity, in order): lets the
+    scaler's and the optimizers' cached launch plans notice ``group["params"][i] = new_param``."""
+    mod = native()
+    if mod is not None:
+        return mod.same_params(groups, flat)
+    return sum(len(g) for g in groups) == len(flat) and all(
+        a is b for a, b in zip((p for g in groups for p in g), flat)
+    )
+
+
+def to_kernel_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A scalar tensor (scale, factor, flag) on the ``device`` whose kernels read it. Asynchronous, except from a
+    GPU to the CPU: the CPU kernels read the value at once, and a non-blocking device-to-host copy lands in pinned
+    memory later (seen as garbage scales on CPU parameters)."""
+    if t.device == device:
+        return t
+    return t.to(device, non_blocking=not (t.device.type == "cuda" and device.type == "cpu"))

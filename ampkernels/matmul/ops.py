@@ -1,0 +1,116 @@
+"""The ``torch.library`` ops behind :func:`ampkernels.scaled_matmul`: ``ampkernels::scaled_mm_`` (mutating: writes
+``out``, may set ``found_inf``; used when no gradient is needed) and ``ampkernels::scaled_mm`` (functional, with
+autograd). Both have fake implementations, so ``torch.compile`` traces them and ``torch.library.opcheck`` passes;
+autocast is applied before them, in :func:`ampkernels.matmul.api.scaled_matmul`, like ``aten::mm`` does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ampkernels._constants import SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
+from ampkernels.matmul.dispatch import launch
+
+
+@torch.library.custom_op("ampkernels::scaled_mm_", mutates_args=("out", "found_inf"))
+def _scaled_mm_out(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_mode: int,
+    alpha: float,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    accumulate: bool,
+    found_inf: torch.Tensor | None,
+    backend: str,
+) -> None:
+    """In place: ``out (+)= alpha * scale * (a @ b) + bias``; a [M, K], b [K, N], out [M, N] row-major."""
+    launch(backend, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+
+
+@_scaled_mm_out.register_fake
+def _(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, backend) -> None:
+    return None
+
+
+@torch.library.custom_op("ampkernels::scaled_mm", mutates_args=())
+def _scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_mode: int,
+    alpha: float,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    check_finite: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Functional form with autograd: returns ``(out [M, N] out_dtype, flag)``; ``flag`` is float32 [1] (1.0 when
+    an output element is non-finite) if ``check_finite``, else empty."""
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
+    flag = torch.zeros(1 if check_finite else 0, dtype=torch.float32, device=a.device)
+    launch(backend, a, b, scale, scale_mode, alpha, bias, out, False, flag if check_finite else None)
+    return out, flag
+
+
+@_scaled_mm.register_fake
+def _(a, b, scale, scale_mode, alpha, bias, out_dtype, check_finite, backend):
+    out = a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+    return out, a.new_empty((1 if check_finite else 0,), dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, scale, scale_mode, alpha, bias, out_dtype, check_finite, backend = inputs
+    ctx.save_for_backward(a, b, scale)
+    ctx.scale_mode, ctx.alpha, ctx.backend = scale_mode, alpha, backend
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.mark_non_differentiable(output[1])
+
+
+def _mm(a, b, scale, scale_mode, alpha, out_dtype, backend):
+    return torch.ops.ampkernels.scaled_mm(a, b, scale, scale_mode, alpha, None, out_dtype, False, backend)[0]
+
+
+def _backward(ctx, grad_out, _grad_flag):
+    """out = s ⊙ (a @ b) + bias with s = alpha·scale (scalar, per row or per column):
+
+    grad_a = s ⊙ (g @ bᵀ) and grad_b = aᵀ @ (s ⊙ g), through the same kernels: a scalar or the scale along the
+    output's own axis goes in the epilogue; the other axis is the contraction, so g is scaled first (fp32, then
+    rounded to a's dtype). An fp32 ``g`` (out_dtype float32) is rounded to a's dtype for the 16-bit kernels.
+    grad_bias = Σ_rows g (fp32). grad_scale = alpha · Σ g ⊙ (a @ b) over the broadcast axes (one more matmul, only
+    when the scale requires grad)."""
+    a, b, scale = ctx.saved_tensors
+    mode, alpha, backend = ctx.scale_mode, ctx.alpha, ctx.backend
+    g = grad_out.to(a.dtype)
+    grad_a = grad_b = grad_scale = grad_bias = None
+    need_a, need_b, need_scale, _, _, need_bias = ctx.needs_input_grad[:6]
+    compute = torch.promote_types(a.dtype, torch.float32)
+    if need_a:
+        if mode == SCALE_COL:  # s runs along N, the contraction of g @ bᵀ
+            g_cols = (g.to(compute) * (scale * alpha)[None, :]).to(a.dtype)
+            grad_a = _mm(g_cols, b.t(), None, SCALE_NONE, 1.0, a.dtype, backend)
+        else:
+            grad_a = _mm(g, b.t(), scale, mode, alpha, a.dtype, backend)
+    if need_b:
+        if mode == SCALE_ROW:  # s runs along M, the contraction of aᵀ @ g
+            g_rows = (g.to(compute) * (scale * alpha)[:, None]).to(a.dtype)
+            grad_b = _mm(a.t(), g_rows, None, SCALE_NONE, 1.0, b.dtype, backend)
+        else:
+            grad_b = _mm(a.t(), g, scale, mode, alpha, b.dtype, backend)
+    if need_bias:
+        grad_bias = grad_out.to(compute).sum(0).to(ctx.bias_dtype)
+    if need_scale:
+        product = _mm(a, b, None, SCALE_NONE, 1.0, compute, backend)
+        weighted = grad_out.to(compute) * product * alpha
+        if mode == SCALE_TENSOR:
+            grad_scale = weighted.sum().reshape(scale.shape)
+        elif mode == SCALE_ROW:
+            grad_scale = weighted.sum(1)
+        else:
+            grad_scale = weighted.sum(0)
+        grad_scale = grad_scale.to(scale.dtype)
+    return grad_a, grad_b, grad_scale, None, None, grad_bias, None, None, None
+
+
+_scaled_mm.register_autograd(_backward, setup_context=_setup_context)

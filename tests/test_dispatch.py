@@ -1,0 +1,149 @@
+"""ampkernels.dispatch: the one place that knows each op's backends, why one cannot run, and the overrides."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import ampkernels
+from ampkernels import dispatch, info
+
+PACKAGE = Path(ampkernels.__file__).parent
+CSRC = PACKAGE.parent / "csrc"
+MULTI_TENSOR_OPS = dispatch.SCALER_OPS + dispatch.OPTIMIZER_OPS
+
+
+@pytest.fixture(autouse=True)
+def no_overrides(monkeypatch):
+    for name in (dispatch.GLOBAL_VARIABLE, *dispatch.VARIABLES.values()):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_every_op_has_its_backends_and_one_variable():
+    assert set(dispatch.BACKENDS) == {"unscale_reduce_", "update_scale_", "adam", "sgd", "scaled_matmul"}
+    assert set(dispatch.BACKENDS) == set(dispatch.VARIABLES)
+    for op in MULTI_TENSOR_OPS:
+        assert dispatch.BACKENDS[op] == ("native", "triton", "torch")
+    assert dispatch.BACKENDS["scaled_matmul"] == ("auto", "triton", "wgmma", "wmma", "torch")
+
+
+@pytest.mark.parametrize("op", list(dispatch.BACKENDS))
+def test_torch_always_runs_and_is_the_fallback(op):
+    assert dispatch.why_not(op, "torch", "cpu") is None
+    assert dispatch.select(op, "cpu", "torch") == "torch"
+    assert dispatch.select(op, "cpu") in dispatch.BACKENDS[op]
+
+
+@pytest.mark.parametrize("op", list(dispatch.BACKENDS))
+@pytest.mark.parametrize("bad", ["", "Torch", "cuda", "native ", "none"])
+def test_bad_names_raise_value_error_with_the_choices(op, bad):
+    choices = "/".join(dispatch.BACKENDS[op])
+    with pytest.raises(ValueError, match=f"argument 'backend'.*{re.escape(choices)}"):
+        dispatch.select(op, "cpu", bad)
+    with pytest.raises(ValueError, match=f"argument 'backend'.*{re.escape(choices)}"):
+        dispatch.why_not(op, bad, "cpu")
+
+
+def test_unknown_op_raises():
+    with pytest.raises(ValueError, match="unknown op 'adamw'"):
+        dispatch.select("adamw", "cpu")
+
+
+def test_argument_beats_op_variable_beats_global(monkeypatch):
+    monkeypatch.setenv("AMPKERNELS_BACKEND", "native")
+    monkeypatch.setenv("AMPKERNELS_OPTIMIZER_BACKEND", "torch")
+    assert dispatch.requested("adam") == ("torch", "AMPKERNELS_OPTIMIZER_BACKEND")
+    assert dispatch.requested("sgd", "triton") == ("triton", "argument 'backend'")
+    assert dispatch.requested("unscale_reduce_") == ("native", "AMPKERNELS_BACKEND")
+    monkeypatch.setenv("AMPKERNELS_SCALER_BACKEND", "torch")
+    assert dispatch.select("unscale_reduce_", "cpu") == "torch"
+    assert dispatch.select("update_scale_", "cpu") == "torch"
+    monkeypatch.setenv("AMPKERNELS_SCALER_BACKEND", "")  # empty: unset
+    assert dispatch.requested("update_scale_") == ("native", "AMPKERNELS_BACKEND")
+
+
+def test_bad_variable_values_name_the_variable(monkeypatch):
+    monkeypatch.setenv("AMPKERNELS_OPTIMIZER_BACKEND", "wgmma")
+    with pytest.raises(ValueError, match="environment variable AMPKERNELS_OPTIMIZER_BACKEND.*native/triton/torch"):
+        dispatch.select("adam", "cpu")
+    monkeypatch.delenv("AMPKERNELS_OPTIMIZER_BACKEND")
+    monkeypatch.setenv("AMPKERNELS_BACKEND", "wmma")  # a scaled_matmul name: the global one takes the common three
+    with pytest.raises(ValueError, match="environment variable AMPKERNELS_BACKEND.*native/triton/torch"):
+        dispatch.select("scaled_matmul", "cpu")
+
+
+def test_global_native_means_the_native_matmul_kernel_that_runs(monkeypatch):
+    monkeypatch.setenv("AMPKERNELS_BACKEND", "torch")
+    assert dispatch.select("scaled_matmul", "cpu") == "torch"
+    monkeypatch.setenv("AMPKERNELS_BACKEND", "native")
+    with pytest.raises(RuntimeError, match="AMPKERNELS_BACKEND=native.*wgmma: .*wmma: "):
+        dispatch.select("scaled_matmul", "cpu")  # neither native kernel runs on CPU tensors
+    monkeypatch.setattr(dispatch, "why_not", lambda op, name, device: None if name == "wmma" else "not here")
+    assert dispatch.select("scaled_matmul", "cuda") == "wmma"
+
+
+def test_unrunnable_request_says_who_asked_and_why(monkeypatch):
+    monkeypatch.setenv("AMPKERNELS_SCALED_MATMUL_BACKEND", "wgmma")
+    with pytest.raises(RuntimeError, match=r"'wgmma' \(AMPKERNELS_SCALED_MATMUL_BACKEND\) cannot run on cpu: .*CUDA"):
+        dispatch.select("scaled_matmul", "cpu")
+
+
+def test_triton_on_cpu_only_under_the_interpreter(monkeypatch):
+    if dispatch.triton_module("adam") is None:
+        pytest.skip("triton is not installed")
+    monkeypatch.setattr(dispatch, "triton_interpreting", lambda: False)
+    assert "TRITON_INTERPRET=1" in dispatch.why_not("adam", "triton", "cpu")
+    monkeypatch.setattr(dispatch, "triton_interpreting", lambda: True)
+    assert dispatch.why_not("adam", "triton", "cpu") is None
+    assert "CPU tensors only" in dispatch.why_not("adam", "triton", "cuda")
+    assert dispatch.select("adam", "cpu") != "triton"  # the interpreter runs only when asked for
+
+
+def _read_variables(root: Path, patterns: tuple[str, ...]) -> set[str]:
+    found = set()
+    for pattern in patterns:
+        for path in root.rglob(pattern):
+            text = path.read_text()
+            found |= set(re.findall(r"(?:environ(?:\.get)?\(|environ\[|getenv\()\s*\"(\w+)\"", text))
+    return found
+
+
+def test_every_variable_read_is_documented():
+    """Each environment variable read in ampkernels/ (and by the C++ launchers) is in ENVIRONMENT and has its line in
+    the dispatch docstring."""
+    read = _read_variables(PACKAGE, ("*.py",))
+    if CSRC.is_dir():
+        read |= _read_variables(CSRC, ("*.cpp", "*.cu", "*.h", "*.cuh"))
+    assert read, "the scan found nothing: its pattern is out of date"
+    assert read <= set(dispatch.ENVIRONMENT), read - set(dispatch.ENVIRONMENT)
+    for name in dispatch.ENVIRONMENT:
+        assert f"``{name}``" in dispatch.__doc__, name
+
+
+def test_info_prints_each_op_and_the_variables_set(monkeypatch):
+    monkeypatch.setenv("AMPKERNELS_OPTIMIZER_BACKEND", "torch")
+    monkeypatch.setenv("AMPKERNELS_TUNE", "0")
+    text = info.report()
+    assert "AMPKERNELS_OPTIMIZER_BACKEND=torch" in text and "AMPKERNELS_TUNE=0" in text
+    lines = text.splitlines()
+    cpu = lines.index("backends for cpu tensors:")
+    ops = lines[cpu + 1 : cpu + 1 + len(dispatch.BACKENDS)]
+    for op, line in zip(dispatch.BACKENDS, ops, strict=True):
+        assert line.strip().startswith(op), line
+        assert "others:" in line
+    assert "adam (FusedAdam, FusedAdamW): torch [AMPKERNELS_OPTIMIZER_BACKEND=torch]" in text
+    monkeypatch.setenv("AMPKERNELS_SCALED_MATMUL_BACKEND", "wmma")
+    assert "'wmma' (AMPKERNELS_SCALED_MATMUL_BACKEND) cannot run on cpu" in info.report()
+
+
+def test_wrappers_validate_backend_names_at_construction():
+    p = torch.nn.Parameter(torch.zeros(2))
+    with pytest.raises(ValueError, match="argument 'backend'.*native/triton/torch"):
+        ampkernels.FusedAdam([p], backend="")
+    with pytest.raises(ValueError, match="argument 'backend'.*native/triton/torch"):
+        ampkernels.FusedSGD([p], lr=0.1, backend="auto")
+    with pytest.raises(ValueError, match="argument 'backend'.*native/triton/torch"):
+        ampkernels.FusedGradScaler("cpu", backend="")

@@ -1,0 +1,128 @@
+"""The public scaled_matmul API: bad input raises with the argument named, ScaledLinear is a drop-in nn.Linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scaled_matmul_helpers import (
+    _assert_accuracy,
+    _need_triton,
+    _ref64,
+)
+
+from ampkernels import reference
+from ampkernels.scaled_matmul import ScaledLinear, scaled_matmul
+
+# --------------------------------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _bad_cases():
+    a, b = torch.randn(8, 16).half(), torch.randn(16, 12).half()
+    return {
+        "inner dims": (lambda: scaled_matmul(a, torch.randn(15, 12).half(), 1.0), "'b'.*inner"),
+        "dtypes": (lambda: scaled_matmul(a, b.bfloat16(), 1.0), "'b'.*dtype"),
+        "devices": (lambda: scaled_matmul(a, b.to("meta"), 1.0), "'b'.*meta"),
+        "fp32": (lambda: scaled_matmul(a.float(), b.float(), 1.0), "'a'.*float32"),
+        "int": (lambda: scaled_matmul(a.long(), b.long(), 1.0, backend="torch"), "'a'.*int64"),
+        "1-D a": (lambda: scaled_matmul(a[0], b, 1.0), "'a'"),
+        "3-D b": (lambda: scaled_matmul(a, b[None], 1.0), "'b'"),
+        "scale length M": (lambda: scaled_matmul(a, b, torch.ones(8)), "'scale'.*per row"),
+        "scale full": (lambda: scaled_matmul(a, b, torch.ones(8, 12)), "'scale'"),
+        "scale dtype": (lambda: scaled_matmul(a, b, torch.ones(12, dtype=torch.int32)), "'scale'.*floating"),
+        "scale ndim": (lambda: scaled_matmul(a, b, torch.ones(1, 1, 12)), "'scale'.*dimensions"),
+        "scale type": (lambda: scaled_matmul(a, b, "2"), "'scale'"),
+        "bias shape": (lambda: scaled_matmul(a, b, 1.0, bias=torch.ones(8)), "'bias'"),
+        "out shape": (lambda: scaled_matmul(a, b, 1.0, out=torch.empty(12, 8).half()), "'out'.*shape"),
+        "out dtype": (
+            lambda: scaled_matmul(a, b, 1.0, out_dtype=torch.float32, out=torch.empty(8, 12).half()),
+            "dtype",
+        ),
+        "out layout": (lambda: scaled_matmul(a, b, 1.0, out=torch.empty(12, 8).half().t()), "'out'.*contiguous"),
+        "out overlapping": (
+            lambda: scaled_matmul(a, b, 1.0, out=torch.empty(12).half().expand(8, 12)),
+            "'out'.*overlap",
+        ),
+        "out aliases a": (lambda: scaled_matmul(a, b[:, :8].contiguous(), 1.0, out=a[:, :8]), "'out'"),
+        "out_dtype": (lambda: scaled_matmul(a, b, 1.0, out_dtype=torch.int32), "'out_dtype'"),
+        "accumulate": (lambda: scaled_matmul(a, b, 1.0, accumulate=True), "'accumulate'"),
+        "found_inf": (lambda: scaled_matmul(a, b, 1.0, found_inf=torch.zeros(1, dtype=torch.float16)), "'found_inf'"),
+        "backend": (lambda: scaled_matmul(a, b, 1.0, backend="cublas"), "'backend'"),
+        "wmma on cpu": (lambda: scaled_matmul(a, b, 1.0, backend="wmma"), "wmma"),
+        "wgmma on cpu": (lambda: scaled_matmul(a, b, 1.0, backend="wgmma"), "wgmma"),
+        "out + grad": (lambda: scaled_matmul(a.requires_grad_(), b, 1.0, out=torch.empty(8, 12).half()), "'out'.*grad"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_cases()))
+def test_bad_input_names_the_argument(case):
+    call, pattern = _bad_cases()[case]
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=pattern):
+        call()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ScaledLinear, backend choice
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_scaled_linear_is_a_drop_in_linear():
+    torch.manual_seed(13)
+    stock = torch.nn.Linear(24, 12)
+    torch.manual_seed(13)
+    ours = ScaledLinear(24, 12)
+    assert list(ours.state_dict()) == list(stock.state_dict()) == ["weight", "bias"]
+    assert torch.equal(ours.weight, stock.weight) and torch.equal(ours.bias, stock.bias)
+    ours.load_state_dict(stock.state_dict())
+    x = torch.randn(3, 5, 24)
+    torch.testing.assert_close(ours(x), stock(x))
+    assert ScaledLinear(4, 3, bias=False).bias is None
+
+
+@pytest.mark.parametrize("output_scale", [0.5, "per-feature"])
+def test_scaled_linear_output_scale(device, output_scale):
+    _need_triton(device)
+    torch.manual_seed(14)
+    if output_scale == "per-feature":
+        output_scale = torch.rand(12, device=device) + 0.5
+    layer = ScaledLinear(32, 12, device=device, output_scale=output_scale, backend="triton")
+    assert list(layer.state_dict()) == ["weight", "bias"]
+    x = torch.randn(4, 32, device=device)
+    with torch.autocast(device, dtype=torch.float16):
+        y = layer(x)
+    assert y.dtype == torch.float16
+    w16 = layer.weight.detach().half()
+    expected = _ref64(x.half(), w16.t(), output_scale, layer.bias.detach())
+    stock = (torch.nn.functional.linear(x.half(), w16, layer.bias.detach().half()) * output_scale).half()
+    _assert_accuracy(y, stock, expected, interpreted_bf16_out=False)
+    y.float().sum().backward()
+    assert layer.weight.grad.shape == (12, 32) and layer.bias.grad.shape == (12,)
+
+
+@pytest.mark.parametrize("backend", ["", "native", "cuBLAS", "Triton"])
+def test_unknown_backend_names_the_valid_choices(backend):
+    a = b = torch.ones(4, 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match="argument 'backend'.*auto/triton/wgmma/wmma/torch"):
+        scaled_matmul(a, b, backend=backend)
+    with pytest.raises(ValueError, match="argument 'backend'.*auto/triton/wgmma/wmma/torch"):
+        ScaledLinear(4, 4, backend=backend, dtype=torch.float16)(a)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["checked", "cached"])
+def test_out_requiring_grad_raises_instead_of_dropping_the_gradient(warm):
+    """Writing into an `out` that requires grad would cut it from its graph without a word: refused, on the checked
+    path and on the per-signature fast path alike (like torch's out= ops)."""
+    torch.manual_seed(40)
+    a, b = torch.randn(8, 16).half(), torch.randn(16, 4).half()
+    y = torch.zeros(8, 4, dtype=torch.float16)
+    if warm:
+        scaled_matmul(a, b, 0.5, out=y)  # the signature is now cached
+    y.requires_grad_(True)
+    with pytest.raises(ValueError, match="argument 'out'.*requires grad"):
+        scaled_matmul(a, b, 0.5, out=y)
+    with pytest.raises(ValueError, match="argument 'out'.*requires grad"):
+        scaled_matmul(a, b, 0.5, out=y, accumulate=True)
+    with torch.no_grad():
+        scaled_matmul(a, b, 0.5, out=y)  # no graph to cut: allowed, as torch allows it
+    torch.testing.assert_close(y.detach(), reference.scaled_matmul(a, b, 0.5), rtol=2e-3, atol=1e-3)
