@@ -343,10 +343,10 @@ class FusedGradScaler(GradScaler):
     def scale(self, outputs: torch.Tensor | Iterable[torch.Tensor]) -> torch.Tensor | Iterable[torch.Tensor]:
         """Multiply a tensor, or a (nested) list/tuple/iterable of tensors, by the loss scale, as stock does.
 
-        One difference, a fix: stock copies a GPU scale to a CPU output with ``non_blocking=True``, so the CPU
-        multiply can read the pinned buffer before the copy lands (its ``unscale_`` does the same, and on the H200,
-        with GPU work queued, left CPU gradients wrong). Here a GPU-to-CPU copy of the scale is blocking; every
-        other copy stays asynchronous.
+        One difference: stock copies a GPU scale to a CPU output with ``non_blocking=True``, so the CPU multiply
+        can read the pinned buffer before the copy lands (and its ``unscale_`` likewise: with GPU work queued, CPU
+        gradients come out wrong). Here a GPU-to-CPU copy of the scale is blocking; every other copy stays
+        asynchronous.
         """
         if not self._enabled:
             return outputs

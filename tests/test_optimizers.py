@@ -1,7 +1,7 @@
 """FusedAdam / FusedAdamW / FusedSGD against torch.optim, step by step, on every backend.
 
 Tolerance: torch's own fused AdamW and its for-loop AdamW differ by up to 1.2e-7 (1 ulp at |p| ~ 1) after 10 steps of
-random float32 data on CPU (measured 2026-11-30, torch 2.14); ours differs from torch by the same order (reordered
+random float32 data on CPU (torch 2.14); ours differs from torch by the same order (reordered
 float32 products, FMA contraction), so float32 comparisons use rtol 1e-5 / atol 1e-6.
 """
 
@@ -127,7 +127,7 @@ def test_backends_agree_with_reference(device):
 def test_adam_reference_is_the_ieee_float32_formula():
     """reference.adam_step is its docstring's formula with every operation rounded to float32 (numpy float32 scalars
     evaluate it so), whatever torch's own lerp/addcmul/sqrt do on this CPU (torch 2.14 with AVX-512 fuses the first
-    two into FMAs and rounds sqrt only to within an ulp, which once made CPU tests depend on the machine)."""
+    two into FMAs and rounds sqrt only to within an ulp: a reference built on them would depend on the machine)."""
     np = pytest.importorskip("numpy")
     gen = torch.Generator().manual_seed(5)
     n, beta1, beta2, eps, lr, wd = 4099, 0.9, 0.999, 1e-8, 1e-2, 0.1
