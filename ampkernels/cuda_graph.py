@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import sys
 import types
@@ -80,6 +81,7 @@ _mask_skip = transformers_mask_skip  # the constructor's flag of the same name s
 # State that optimizers create on their first step, and what a fresh optimizer starts it from when it is not zero:
 # ampkernels' master weights start as the parameter itself (in float32).
 _FRESH_FROM_PARAM = ("master_param",)
+_FIND_MAX_ITEMS = 64  # items of one list or dict that capture_step looks at when it searches step_fn
 
 
 def _as_list(objs: Any, kind: type | tuple[type, ...], name: str) -> list:
@@ -164,7 +166,9 @@ class StateSnapshot:
                 stays the graph's tensor (NaN until the first replay), so that telemetry reports the replays'.
         """
         for t, saved in self._tensors:
-            t.detach().copy_(saved)
+            # Through .data, which does not count as a write to the parameter (detach() would bump its version):
+            # an optimizer with master weights takes a bumped parameter for a load and would resync from it.
+            t.data.copy_(saved)
         for p, grad, saved in self._grads:
             if grad is not None:
                 grad.copy_(saved)
@@ -242,7 +246,7 @@ def snapshot_state(models: Any = None, optimizers: Any = None, scalers: Any = No
 def _find_state(step_fn: Callable[..., Any]) -> tuple[list, list, list]:
     """The modules, optimizers and scalers ``step_fn`` reaches: through its closure, the globals it names, a bound
     method's object and a ``functools.partial``'s arguments, following the functions found there (three levels),
-    and two levels into lists, tuples, dicts and the attributes of the objects found there."""
+    and two levels into lists, tuples, dicts (their first 64 items) and the attributes of the objects found there."""
     kinds = (torch.nn.Module, torch.optim.Optimizer, torch.amp.GradScaler)
     found: dict[int, Any] = {}
     seen: set[int] = set()
@@ -263,7 +267,8 @@ def _find_state(step_fn: Callable[..., Any]) -> tuple[list, list, list]:
             if depth > 0:
                 scan_function(obj, depth - 1)
         elif nest and isinstance(obj, (list, tuple, set, frozenset, dict)):
-            for item in obj.values() if isinstance(obj, dict) else obj:
+            # The first items only: a closure may hold a whole dataset, and what a step trains sits at the front.
+            for item in itertools.islice(obj.values() if isinstance(obj, dict) else obj, _FIND_MAX_ITEMS):
                 consider(item, depth, nest - 1)
         elif nest and hasattr(obj, "__dict__"):
             for item in vars(obj).values():
@@ -312,9 +317,9 @@ class CapturedStep:
         models, optimizers, scalers: what the step trains, each one object or a list (``torch.nn.Module``,
             ``torch.optim.Optimizer``, ``torch.amp.GradScaler`` or :class:`ampkernels.FusedGradScaler`). When all
             three are left out they are found from ``step_fn``: its closure, the globals it names, a bound method's
-            object, a ``functools.partial``'s arguments, and two levels into the lists, dicts and objects held
-            there. State reached in other ways (deeper, or tensors the step writes directly) is not found: name it
-            here. A warning says when nothing was found.
+            object, a ``functools.partial``'s arguments, and two levels into the lists and dicts (their first 64
+            items) and objects held there. State reached in other ways (deeper, or tensors the step writes
+            directly) is not found: name it here. A warning says when nothing was found.
         restore: ``True`` (default): the warm-up steps and the capture leave the parameters, buffers, gradients,
             optimizer state, scaler state and random number generators exactly as they were before the call (see
             :class:`StateSnapshot`), so the first replay is the first training step and a graphed run follows

@@ -203,7 +203,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                         ok = ok or (isinstance(value, torch.Tensor) and value.numel() == 1)
                         if not ok:
                             raise TypeError(f"{where} must be a number or a 1-element tensor, got {value!r}")
-                    elif key in self._STATE_KEYS:
+                    elif key in self._STATE_KEYS and value is not None:  # None: torch's SGD without momentum
                         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                             raise TypeError(f"{where} must be a floating-point tensor, got {type(value).__name__}")
                         if value.shape != p.shape:
@@ -464,8 +464,8 @@ class FusedAdam(_FusedOptimizer):
             updates, and float32 moments; the parameter is written from it in the same pass. Without it the moments
             have the parameter's dtype (as torch's) and the math is float32 either way. A parameter written from
             outside (``model.load_state_dict``, ``p.copy_`` under no_grad: anything that bumps ``p._version``) is
-            copied into its master at the next step; after writes through ``p.data``, call
-            :meth:`resync_master_weights`.
+            copied into its master at the next step; after writes through ``p.data``, and for a step captured
+            in a CUDA graph (replays run no Python), call :meth:`resync_master_weights`.
         backend: "native", "triton" or "torch"; default: the best available (``python -m ampkernels.info``).
         foreach, capturable, fused: accepted for compatibility with torch.optim.Adam and ignored (the step is always
             fused and capturable).

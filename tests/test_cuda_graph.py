@@ -372,3 +372,28 @@ def test_capture_with_restore_false_trains_on_the_example_batch():
 def test_capture_warns_when_it_finds_nothing_to_restore():
     with pytest.warns(UserWarning, match="found no model, optimizer or scaler"):
         capture_step(lambda t: t * 2, torch.ones(4, device="cuda"), warmup=1)
+
+
+@pytest.mark.gpu
+def test_capture_with_master_weights_replays_the_eager_run():
+    """bf16 parameters with float32 masters: the restore after warm-up must not look like a load to the optimizer
+    (which would record a master resync into the graph and replay it every step): graphed equals eager exactly."""
+    if not hasattr(ampkernels, "FusedAdamW"):
+        pytest.skip("needs the native fused optimizers")
+    batches = _batches(9)
+
+    def build():
+        model = _model().to(torch.bfloat16)
+        opt = ampkernels.FusedAdamW(model.parameters(), lr=1e-3, weight_decay=0.01, master_weights=True)
+        return model, opt, FusedGradScaler(init_scale=2.0**10, growth_interval=3)
+
+    eager_model, eager_opt, eager_scaler = build()
+    graph_model, graph_opt, graph_scaler = build()
+    eager_step = _make_step(eager_model, eager_opt, eager_scaler)
+    graphed = capture_step(_make_step(graph_model, graph_opt, graph_scaler), *batches[0])
+    eager = [eager_step(x, y).clone() for x, y in batches[1:]]
+    replayed = [graphed(x, y).clone() for x, y in batches[1:]]
+    torch.testing.assert_close(torch.stack(replayed), torch.stack(eager), rtol=0, atol=0, equal_nan=True)
+    for p, q in zip(graph_model.parameters(), eager_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+        assert torch.equal(graph_opt.state[p]["master_param"], eager_opt.state[q]["master_param"])

@@ -226,3 +226,17 @@ def test_disabled_scaler_and_models_without_optimizer_are_handled():
     fresh = _model()
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_restore_does_not_count_as_a_write_to_the_parameters():
+    """A bumped version counter means "loaded from outside" to an optimizer with master weights, which would then
+    resync the master from the rounded parameter (and, in a capture, record that copy into the graph)."""
+    model = _model().to(torch.bfloat16)
+    opt = _optimizer("FusedAdamW-master", model)
+    snap = snapshot_state(model, opt)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    versions = [p._version for p in model.parameters()]
+    snap.restore()
+    assert [p._version for p in model.parameters()] == versions
