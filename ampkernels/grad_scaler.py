@@ -182,6 +182,8 @@ class FusedGradScaler(GradScaler):
             raise ValueError(f"FusedGradScaler: max_scale must be > 0, got {max_scale!r}")
         if min_scale is not None and max_scale is not None and min_scale > max_scale:
             raise ValueError(f"FusedGradScaler: min_scale ({min_scale}) is above max_scale ({max_scale})")
+        if not (isinstance(history_size, int) and not isinstance(history_size, bool) and history_size >= 1):
+            raise ValueError(f"FusedGradScaler: history_size must be an int >= 1, got {history_size!r}")
         dispatch.check_backend("unscale_reduce_", backend)
         if process_group is not None:
             _check_process_group(process_group)
@@ -209,6 +211,17 @@ class FusedGradScaler(GradScaler):
         if self._telemetry_enabled:
             self._counters = torch.zeros(2, dtype=torch.int64, device=dev)
             self._history = torch.full((self._history_size,), math.nan, dtype=torch.float32, device=dev)
+
+    def _initial_device_state(self) -> dict[str, float]:
+        """The values :meth:`_lazy_init_scale_growth_tracker` gives each device tensor it creates (what a fresh
+        scaler starts from; :class:`ampkernels.cuda_graph.StateSnapshot` resets them to these)."""
+        return {
+            "_scale": self._init_scale,
+            "_growth_tracker": self._init_growth_tracker,
+            "_hysteresis_tracker": self._init_hysteresis_tracker,
+            "_counters": 0,
+            "_history": math.nan,
+        }
 
     def _tables(self, optimizer: torch.optim.Optimizer) -> list:
         """The launch tables of ``optimizer``'s gradients, one per device; rebuilt only when its parameter groups
@@ -271,7 +284,11 @@ class FusedGradScaler(GradScaler):
                             "clip sparse gradients with torch.nn.utils.clip_grad_norm_ after unscale_()"
                         )
                     self._unscale_sparse(params, sparse, s, f, found, write)
-                found_per_device[device] = found
+                # As stock, a device none of whose parameters has a gradient records no check, so that step() on
+                # an ordinary optimizer and update() raise for a forgotten backward. any() stops at the first
+                # gradient: O(1) on an ordinary step.
+                if any(p.grad is not None for p in params):
+                    found_per_device[device] = found
                 results.append((device, norm, coef))
         return found_per_device, results
 
@@ -325,10 +342,10 @@ class FusedGradScaler(GradScaler):
     def scale(self, outputs: torch.Tensor | Iterable[torch.Tensor]) -> torch.Tensor | Iterable[torch.Tensor]:
         """Multiply a tensor, or a (nested) list/tuple/iterable of tensors, by the loss scale, as stock does.
 
-        One difference, a fix: stock copies a GPU scale to a CPU output with ``non_blocking=True``, so the CPU
-        multiply can read the pinned buffer before the copy lands (its ``unscale_`` does the same, and on the H200,
-        with GPU work queued, left CPU gradients wrong). Here a GPU-to-CPU copy of the scale is blocking; every
-        other copy stays asynchronous.
+        One difference: stock copies a GPU scale to a CPU output with ``non_blocking=True``, so the CPU multiply
+        can read the pinned buffer before the copy lands (and its ``unscale_`` likewise: with GPU work queued, CPU
+        gradients come out wrong). Here a GPU-to-CPU copy of the scale is blocking; every other copy stays
+        asynchronous.
         """
         if not self._enabled:
             return outputs
@@ -537,14 +554,19 @@ class FusedGradScaler(GradScaler):
         return retval
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        """As :meth:`torch.amp.GradScaler.update`, on one device kernel (plus hysteresis, bounds, telemetry)."""
+        """As :meth:`torch.amp.GradScaler.update`, on one device kernel (plus hysteresis, bounds, telemetry).
+
+        ``new_scale`` (optional) sets the scale: a number, or a 1-element float tensor without grad on the scale's
+        device or on the CPU. It must be finite and > 0: a number or a CPU tensor that is not raises ValueError.
+        The value of a tensor on the scale's device is checked on the device (reading it on the host would
+        synchronize): an invalid one leaves the scale unchanged, as an overflowing step does.
+        """
         if not self._enabled:
             return
         _scale, _growth_tracker = self._check_scale_growth_tracker("update")
         if new_scale is not None:
-            if isinstance(new_scale, float) and not (math.isfinite(new_scale) and new_scale > 0):
-                raise ValueError(f"FusedGradScaler.update: new_scale must be finite and > 0, got {new_scale}")
-            super().update(new_scale)
+            self._set_scale(_scale, new_scale)
+            self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
             return
         found_infs = [
             found_inf.to(device=_scale.device, non_blocking=True)
@@ -570,6 +592,34 @@ class FusedGradScaler(GradScaler):
             backend=self._backend,
         )
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+
+    @staticmethod
+    @staticmethod
+    def _set_scale(scale: torch.Tensor, new_scale: float | torch.Tensor) -> None:
+        if isinstance(new_scale, (int, float)) and not isinstance(new_scale, bool):
+            if not (math.isfinite(new_scale) and new_scale > 0):
+                raise ValueError(f"FusedGradScaler.update: new_scale must be finite and > 0, got {new_scale}")
+            scale.fill_(float(new_scale))
+            return
+        # Stock's error (type and message) for a tensor of the wrong kind.
+        reason = (
+            "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+            "torch.FloatTensor with requires_grad=False."
+        )
+        if not isinstance(new_scale, torch.Tensor):
+            raise TypeError(f"FusedGradScaler.update: {reason} Got {type(new_scale).__name__}")
+        if new_scale.device not in (scale.device, torch.device("cpu")):
+            raise AssertionError(reason)
+        if new_scale.numel() != 1 or new_scale.requires_grad:
+            raise AssertionError(reason)
+        if new_scale.device.type == "cpu":
+            value = float(new_scale)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"FusedGradScaler.update: new_scale must be finite and > 0, got {value}")
+            scale.fill_(value)
+        else:
+            new = new_scale.reshape(()).to(torch.float32)
+            scale.copy_(torch.where(torch.isfinite(new) & (new > 0), new, scale))
 
     # ---- extras ----
 
@@ -639,6 +689,17 @@ class FusedGradScaler(GradScaler):
         scale = float(state_dict["scale"])
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"FusedGradScaler.load_state_dict: key 'scale' must be finite and > 0, got {scale}")
+        for key, low in (("growth_interval", 1), ("_growth_tracker", 0)):
+            if int(state_dict[key]) < low:
+                raise ValueError(
+                    f"FusedGradScaler.load_state_dict: key '{key}' must be >= {low}, got {state_dict[key]}"
+                )
+        for key in ("growth_factor", "backoff_factor"):
+            if not (math.isfinite(float(state_dict[key])) and float(state_dict[key]) > 0):
+                raise ValueError(
+                    f"FusedGradScaler.load_state_dict: key '{key}' must be finite and > 0, got {state_dict[key]}"
+                )
+        self._check_extras(state_dict)
         super().load_state_dict(state_dict)
         if "hysteresis" in state_dict:
             self._hysteresis = int(state_dict["hysteresis"])
@@ -647,6 +708,20 @@ class FusedGradScaler(GradScaler):
                 self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
             self._min_scale = state_dict.get("min_scale")
             self._max_scale = state_dict.get("max_scale")
+
+    @staticmethod
+    def _check_extras(state_dict: dict[str, Any]) -> None:
+        if "hysteresis" not in state_dict:
+            return
+        for key, low in (("hysteresis", 1), ("_hysteresis_tracker", 0)):
+            value = state_dict.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"FusedGradScaler.load_state_dict: key '{key}' must be an int >= {low}, got {value!r}")
+        for key in ("min_scale", "max_scale"):
+            value = state_dict.get(key)
+            ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
+            if not ok:
+                raise ValueError(f"FusedGradScaler.load_state_dict: key '{key}' must be None or > 0, got {value!r}")
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -31,6 +31,24 @@ _ADAM_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param", "step")
 _SGD_KEYS = ("momentum_buffer", None, None, "master_param", "step")
 
 
+def _check_lr(lr: Any, where: str) -> None:
+    """A learning rate must be a number >= 0 (torch's rule, and NaN is refused too) or a 1-element tensor holding
+    one. Host values (numbers, CPU tensors) are checked wherever they are read; a device tensor's value is checked
+    here with one host read, which only set-up calls (construction, add_param_group) pay."""
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError(f"{where}: Tensor lr must be 1-element, got shape {tuple(lr.shape)}")
+        if not lr.dtype.is_floating_point:
+            raise ValueError(f"{where}: Tensor lr must be floating point, got {lr.dtype}")
+        value = float(lr)
+    elif isinstance(lr, (int, float)) and not isinstance(lr, bool):
+        value = float(lr)
+    else:
+        raise TypeError(f"{where}: lr must be a float or a 1-element tensor, got {type(lr).__name__}")
+    if not value >= 0.0:
+        raise ValueError(f"Invalid learning rate: {value} ({where}: lr must be >= 0)")
+
+
 @dataclass
 class _Bucket:
     """The parameters of one param group that share a device, a parameter dtype and a gradient dtype."""
@@ -42,6 +60,10 @@ class _Bucket:
     backend: str
     watch: list[torch.Tensor] = field(default_factory=list)  # params of the group without a gradient at build time
     table: Any = None  # ampkernels._C.OptimizerTable (native) or ampkernels.triton.optimizers.StepTable (triton)
+    # With master weights: each parameter's version counter when its master was last in sync with it. A write into
+    # the parameter from outside (model.load_state_dict, an in-place copy_ under no_grad) bumps the counter; the
+    # next step then takes the parameter as the truth and copies it into the master first.
+    versions: list[int] = field(default_factory=list)
 
     def still_valid(self) -> bool:
         """For the Python backends: the gradients are where the bucket was built for (native: checked in C++)."""
@@ -79,14 +101,41 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        for i, p in enumerate(group["params"]):
-            if not p.is_floating_point() or p.dtype not in _KERNEL_DTYPES:
-                raise TypeError(
-                    f"{type(self).__name__}: parameter {i} of param group {len(self.param_groups) - 1} has dtype "
-                    f"{p.dtype}; the fused kernels take float32, float16 and bfloat16 parameters"
-                )
+        # torch's checks ran and appended the group; ours run on the normalised group and take it out again when
+        # they reject it, so that a failed call leaves the optimizer as it was.
+        index = len(self.param_groups) - 1
+        group = self.param_groups[index]
+        try:
+            _check_lr(group["lr"], f"{type(self).__name__}: param group {index}")
+            for i, p in enumerate(group["params"]):
+                if not p.is_floating_point() or p.dtype not in _KERNEL_DTYPES:
+                    raise TypeError(
+                        f"{type(self).__name__}: parameter {i} of param group {index} has dtype "
+                        f"{p.dtype}; the fused kernels take float32, float16 and bfloat16 parameters"
+                    )
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
         self._plans.clear()
+
+    def resync_master_weights(self) -> None:
+        """Copy every parameter into its float32 master copy (``master_weights=True``).
+
+        Loads that bump a parameter's version counter (``model.load_state_dict``, ``p.copy_(x)`` under
+        ``torch.no_grad()``) are detected and resynced by the next step. A write through ``p.data`` (for example
+        ``p.data.copy_(x)``) bypasses the counter: call this after it, or the next step overwrites the parameter
+        with the stale master.
+        """
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    master = self.state.get(p, {}).get("master_param")
+                    if master is not None:
+                        master.copy_(p)
+        for plan in self._plans.values():
+            for bucket in plan.buckets:
+                if bucket.versions:
+                    bucket.versions = [p._version for p in bucket.params]
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -102,6 +151,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         Accepts state_dicts of torch.optim.Adam/AdamW/SGD (any of their forms) and of these classes; parameters
         without saved state get it lazily on their first step.
         """
+        self._check_state_dict(state_dict)
         saved_groups = state_dict["param_groups"]
         saved_state = state_dict["state"]
         super().load_state_dict(state_dict)
@@ -113,6 +163,50 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if isinstance(value, torch.Tensor) and key != "step" and value.dtype == torch.float32:
                     self.state[p][key] = value.to(p.device)
         self._plans.clear()
+
+    def _check_state_dict(self, state_dict: Any) -> None:
+        """Errors that name the bad entry, before torch's load (which would fail later, or at the next step)."""
+        name = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"{name}: expected a dict, got {type(state_dict).__name__}")
+        for key, kind in (("state", dict), ("param_groups", list)):
+            if key not in state_dict:
+                raise KeyError(f"{name}: missing key '{key}'")
+            if not isinstance(state_dict[key], kind):
+                raise TypeError(f"{name}: '{key}' must be a {kind.__name__}, got {type(state_dict[key]).__name__}")
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(
+                f"{name}: the state_dict has {len(groups)} param groups, the optimizer {len(self.param_groups)}"
+            )
+        for gi, (saved, group) in enumerate(zip(groups, self.param_groups)):
+            if not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple)):
+                raise TypeError(f"{name}: param_groups[{gi}] must be a dict with a 'params' list")
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"{name}: param_groups[{gi}] has {len(saved['params'])} params, the optimizer's "
+                    f"{len(group['params'])}"
+                )
+            if "lr" in saved:
+                _check_lr(saved["lr"], f"{name}: param_groups[{gi}]['lr']")
+            for pi, (saved_id, p) in enumerate(zip(saved["params"], group["params"])):
+                entry = state_dict["state"].get(saved_id)
+                if entry is None:
+                    continue
+                if not isinstance(entry, dict):
+                    raise TypeError(f"{name}: state[{saved_id!r}] must be a dict, got {type(entry).__name__}")
+                for key, value in entry.items():
+                    where = f"{name}: state[{saved_id!r}]['{key}'] (parameter {pi} of param group {gi})"
+                    if key == "step":
+                        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                        ok = ok or (isinstance(value, torch.Tensor) and value.numel() == 1)
+                        if not ok:
+                            raise TypeError(f"{where} must be a number or a 1-element tensor, got {value!r}")
+                    elif key in self._STATE_KEYS and value is not None:  # None: torch's SGD without momentum
+                        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                            raise TypeError(f"{where} must be a floating-point tensor, got {type(value).__name__}")
+                        if value.shape != p.shape:
+                            raise ValueError(f"{where} has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}")
 
     # ---- state ----
 
@@ -163,7 +257,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Buckets for the group's parameters with a gradient (``exclude``: ids of parameters to leave out)."""
         name = type(self).__name__
         with_grad, watch = [], []
+        # Two entries over one memory would be stepped twice, racing in the parallel kernels; one gradient tensor
+        # read for two parameters means the model was not built as intended.
+        param_at: dict[tuple[torch.device, int], int] = {}
+        grad_at: dict[tuple[torch.device, int], int] = {}
         for i, p in enumerate(group["params"]):
+            if p.numel() and param_at.setdefault((p.device, p.data_ptr()), i) != i:
+                raise ValueError(
+                    f"{name}: parameters {param_at[(p.device, p.data_ptr())]} and {i} of param group {index} are "
+                    "the same tensor (or share its memory); list each parameter once"
+                )
             if id(p) in exclude:
                 continue
             g = p.grad
@@ -181,6 +284,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 raise RuntimeError(
                     f"{name}: parameter {i} of param group {index} is on {p.device} but its gradient on {g.device}"
                 )
+            if g.numel() and grad_at.setdefault((g.device, g.data_ptr()), i) != i:
+                raise ValueError(
+                    f"{name}: parameters {grad_at[(g.device, g.data_ptr())]} and {i} of param group {index} have "
+                    "the same gradient tensor (or gradients sharing memory); each parameter needs its own .grad"
+                )
             with_grad.append(p)
 
         grouped: dict[tuple, list[torch.Tensor]] = {}
@@ -193,6 +301,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
             backend = dispatch.select(self._KIND, device, self._requested_backend)
             # Only the first bucket watches the group's gradient-less params: one check per step is enough.
             bucket = _Bucket(device, grad_dtype, params, lists, backend, watch if not buckets else [])
+            if lists[3]:  # master weights: created from (or loaded for) the parameters as they are now
+                bucket.versions = [p._version for p in params]
             if backend == "native":
                 bucket.table = dispatch.native().OptimizerTable(self._KIND, params, lists, bucket.watch, grad_dtype)
             elif backend == "triton":
@@ -218,12 +328,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _lr_arguments(lr: float | torch.Tensor, device: torch.device) -> tuple[float, torch.Tensor | None]:
-        """(lr as a float, lr as a device tensor the kernels read, or None)."""
-        if not isinstance(lr, torch.Tensor):
-            return float(lr), None
+        """(lr as a float, lr as a device tensor the kernels read, or None). A host value is checked here, at no
+        cost; a device tensor's value is not (that would synchronize): it was checked when its group was added."""
+        if not isinstance(lr, torch.Tensor) or lr.device.type == "cpu":
+            value = float(lr)  # a host value: reading it does not synchronize with any device
+            if not value >= 0.0:
+                raise ValueError(f"Invalid learning rate: {value} (ampkernels: argument 'lr' must be >= 0)")
+            if not isinstance(lr, torch.Tensor) or device.type != "cpu":
+                return value, None
         if lr.device != device:
-            if lr.device.type == "cpu":
-                return float(lr), None  # a host value: reading it does not synchronize with any device
             raise ValueError(f"ampkernels: argument 'lr': a tensor on {lr.device} for parameters on {device}")
         if lr.dtype != torch.float32 or lr.numel() != 1:
             raise ValueError(f"ampkernels: argument 'lr': expected a 1-element float32 tensor, got {lr.dtype}")
@@ -239,6 +352,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _launch(self, bucket: _Bucket, group: dict[str, Any], lr, lr_tensor, grad_scale, found_inf) -> bool:
         """Steps one bucket; False (nothing written) when its gradients no longer match the bucket."""
         hyper = self._hyper(group)
+        if bucket.versions:
+            self._resync_loaded(bucket)
         step = getattr(bucket.table, f"step_{self._KIND}") if bucket.backend != "torch" else None
         if bucket.backend == "native":  # re-checks the gradients in C++ and says whether it launched
             return step(lr, lr_tensor, grad_scale=grad_scale, found_inf=found_inf, **hyper)
@@ -250,7 +365,21 @@ class _FusedOptimizer(torch.optim.Optimizer):
             step(grads, lr_value, grad_scale, found_inf, **hyper)
         else:
             self._reference_step(bucket, grads, lr_value, grad_scale, found_inf, hyper)
+            if bucket.versions:  # the reference writes the parameters with copy_, which counts as a version
+                bucket.versions = [p._version for p in bucket.params]
         return True
+
+    @staticmethod
+    def _resync_loaded(bucket: _Bucket) -> None:
+        """Copy parameters written from outside since the last step into their masters (they are the truth)."""
+        versions = [p._version for p in bucket.params]
+        if versions == bucket.versions:
+            return
+        masters = bucket.lists[3]
+        for p, master, old, new in zip(bucket.params, masters, bucket.versions, versions, strict=True):
+            if old != new:
+                master.copy_(p)
+        bucket.versions = versions
 
     def _step_buckets(self, buckets, group, grad_scale, found_inf, on) -> list[int] | None:
         """Steps ``buckets`` in order; None when all stepped, else the ids of the parameters stepped before the
@@ -320,8 +449,10 @@ class FusedAdam(_FusedOptimizer):
 
     Args:
         params: iterable of parameters or param-group dicts (float32, float16 or bfloat16 parameters).
-        lr: learning rate, a float or a 0-d float32 tensor on the parameters' device (read by the kernel on every
-            step, so a CUDA graph replays with the current value).
+        lr: learning rate >= 0, a float or a 0-d float32 tensor on the parameters' device (read by the kernel on
+            every step, so a CUDA graph replays with the current value). Numbers and CPU tensors are checked at
+            every step; a device tensor's value when its group is added (later checks would synchronize), so a
+            negative or NaN value written into it afterwards is not caught.
         betas: (beta1, beta2), floats.
         eps: added to the denominator.
         weight_decay: L2 penalty (Adam) or decoupled decay (AdamW).
@@ -330,7 +461,10 @@ class FusedAdam(_FusedOptimizer):
         decoupled_weight_decay: AdamW's decay ``p *= 1 - lr * weight_decay`` instead of L2 in the gradient.
         master_weights: for float16/bfloat16 parameters, keep a float32 copy (state 'master_param') that the kernel
             updates, and float32 moments; the parameter is written from it in the same pass. Without it the moments
-            have the parameter's dtype (as torch's) and the math is float32 either way.
+            have the parameter's dtype (as torch's) and the math is float32 either way. A parameter written from
+            outside (``model.load_state_dict``, ``p.copy_`` under no_grad: anything that bumps ``p._version``) is
+            copied into its master at the next step; after writes through ``p.data``, and for a step captured
+            in a CUDA graph (replays run no Python), call :meth:`resync_master_weights`.
         backend: "native", "triton" or "torch"; default: the best available (``python -m ampkernels.info``).
         foreach, capturable, fused: accepted for compatibility with torch.optim.Adam and ignored (the step is always
             fused and capturable).
@@ -475,7 +609,8 @@ class FusedSGD(_FusedOptimizer):
 
     Args:
         params: iterable of parameters or param-group dicts (float32, float16 or bfloat16 parameters).
-        lr: learning rate, a float or a 0-d float32 tensor on the parameters' device.
+        lr: learning rate >= 0, a float or a 0-d float32 tensor on the parameters' device (checked as in
+            :class:`FusedAdam`).
         momentum, dampening, weight_decay, nesterov, maximize: as torch.optim.SGD.
         master_weights, backend: as :class:`FusedAdam`.
         foreach, fused: accepted for compatibility and ignored. differentiable: must be False.

@@ -241,14 +241,19 @@ def adam_step(
         found_inf: optional float32 1-element tensor; non-zero skips the whole step.
         master_params: optional float32 master copies of float16/bfloat16 parameters (the math reads these).
 
-    Per element, in float32 (``lerp`` and ``addcmul`` as torch evaluates them)::
+    Per element, in float32, every operation rounded on its own (no fused multiply-add) and ``sqrt`` correctly
+    rounded: the exact IEEE result of this formula, whichever vector code torch's own ``lerp``, ``addcmul`` and
+    ``sqrt`` use on this machine (torch 2.14 on an AVX-512 CPU fuses the first two and rounds ``sqrt`` within an
+    ulp, so torch.optim.Adam agrees with this only to a few float32 ulps)::
 
         g = grad * inv_scale (negated if maximize);  p = master or param
         p = p * (1 - lr * wd)  if decoupled  else  g = g + wd * p
-        m = lerp(m, g, 1 - beta1);  v = v * beta2 + (1 - beta2) * g * g;  vmax = max(vmax, v) if amsgrad
+        m = lerp(m, g, 1 - beta1) = m + w * (g - m) if w < 0.5 else g - (g - m) * (1 - w)   (torch's two forms)
+        v = v * beta2 + ((1 - beta2) * g) * g;  vmax = max(vmax, v) if amsgrad
         step += 1;  step_size = lr / (1 - beta1^step);  bc2_sqrt = sqrt(1 - beta2^step)   (float64, rounded once)
         p = p - step_size * (m / (sqrt(vmax or v) / bc2_sqrt + eps))
     """
+    w = float(torch.tensor(1 - beta1, dtype=torch.float32))  # the weight as the kernels hold it
     for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
         dev = param.device
         skip = (found_inf.to(dev).reshape(()) != 0) if found_inf is not None else None
@@ -261,8 +266,9 @@ def adam_step(
                 p = p * torch.as_tensor(1 - lr64 * weight_decay, device=dev).float()
             else:
                 g = g + weight_decay * p
-        m = torch.lerp(exp_avgs[i].float(), g, 1 - beta1)
-        v = torch.addcmul(exp_avg_sqs[i].float() * beta2, g, g, value=1 - beta2)
+        m0 = exp_avgs[i].float()
+        m = m0 + w * (g - m0) if w < 0.5 else g - (g - m0) * (1 - w)
+        v = exp_avg_sqs[i].float() * beta2 + ((1 - beta2) * g) * g
         second = v
         if amsgrad:
             vmax = torch.maximum(max_exp_avg_sqs[i].float(), v)
@@ -270,7 +276,9 @@ def adam_step(
         new_step = steps[i].to(dev).float() + 1
         step_size = (lr64 / (1 - beta1 ** new_step.double())).float()
         bc2_sqrt = (1 - beta2 ** new_step.double()).sqrt().float()
-        p = p - step_size * (m / (second.sqrt() / bc2_sqrt + eps))
+        # A float32 value's square root in float64, rounded to float32, is the correctly rounded float32 root.
+        root = second.double().sqrt().float()
+        p = p - step_size * (m / (root / bc2_sqrt + eps))
         _skip_where(skip, exp_avgs[i], m)
         _skip_where(skip, exp_avg_sqs[i], v)
         if amsgrad:

@@ -172,8 +172,7 @@ def _worker(rank, world, init_file, backend, scenario, kind, out_dir):
     # (torch.distributed.nn.functional, imported lazily after init, keeps group.WORLD in its default arguments), so
     # its gloo threads, and the 8 autograd device threads FSDP2 starts, are still running at exit; a C++ thread that
     # touches a Python object during finalization aborts with "terminate called without an active exception"
-    # (pytorch/pytorch#190489). An abort with that message failed the FSDP2 case twice in CI and once in ~100 local
-    # runs, at a point those runs did not record; faulthandler above records it should one happen before this line.
+    # (pytorch/pytorch#190489), intermittently. faulthandler above records the stacks should one happen earlier.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
