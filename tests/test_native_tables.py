@@ -172,3 +172,10 @@ def test_float64_norms_accumulate_in_float64(device, magnitude, norm_type):
     assert torch.isfinite(norm) and float(norm) > 0
     torch.testing.assert_close(norm.double(), want.float().double(), rtol=2e-6, atol=0)
     torch.testing.assert_close(each.double(), want_each.float().double(), rtol=2e-6, atol=0)
+
+
+def test_shared_constants_exported(device):
+    """The norm codes and chunk size of csrc/common/constants.h, as the Python side reads them."""
+    native = backend_mod.native()
+    assert (native.norm_none, native.norm_l2, native.norm_inf) == (0, 1, 2)
+    assert native.chunk_size == CHUNK

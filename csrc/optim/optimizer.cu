@@ -1,4 +1,4 @@
-// Fused optimizer steps on CUDA (csrc/optimizer.h): a one-thread-per-tensor prologue (step counts and bias
+// Fused optimizer steps on CUDA (optimizer.h): a one-thread-per-tensor prologue (step counts and bias
 // corrections), then one pass over every chunk of every parameter of the launch (a block per chunk), reading the
 // gradient once and reading + writing the parameter and its state once, with 16-byte accesses where the data allows.
 // Both kernels return at once when found_inf is non-zero, so a skipped step writes nothing at all.

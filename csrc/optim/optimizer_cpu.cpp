@@ -1,5 +1,5 @@
 // CPU implementation of the fused optimizer steps: the same prologue and per-element math as the CUDA kernels
-// (csrc/optimizer.h), parallel over chunks with at::parallel_for.
+// (optimizer.h), parallel over chunks with at::parallel_for.
 #include <ATen/Parallel.h>
 
 #include <algorithm>

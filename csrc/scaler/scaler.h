@@ -15,7 +15,8 @@ namespace ampkernels {
 // One fused pass over every tensor of a table (dev/DESIGN.md, kernels 1 and 2):
 //   v = float(g) * fp32(1 / fp64(scale)) [* factor];  g = v if write;  found_inf = 1 if any g is non-finite;
 //   norm_out = ||v|| over all tensors; per_tensor_out[i] = ||v|| of tensor i; coef_out = min(max_norm/(norm+1e-6), 1).
-// Outputs that are undefined tensors are not computed. No host synchronization.
+// Math in float32 (float64 for float64 tensors, norms included: their squares overflow float32 from 1e20); the
+// outputs are float32. Outputs that are undefined tensors are not computed. No host synchronization.
 struct UnscaleReduceArgs {
   at::Tensor scale;           // float32 [1], the loss scale
   at::Tensor found_inf;       // float32 [1], set to 1.0 when a non-finite input is seen, never cleared
