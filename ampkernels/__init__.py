@@ -4,7 +4,7 @@
 ``python -m ampkernels.info`` says which backend each op uses and why.
 """
 
-from ampkernels import ops, reference
+from ampkernels import _native_fakes, ops, reference  # noqa: F401  (_native_fakes registers on import)
 from ampkernels.cuda_graph import CapturedStep, capture_step
 from ampkernels.grad_scaler import FusedGradScaler
 from ampkernels.optimizers import FusedAdam, FusedAdamW, FusedSGD

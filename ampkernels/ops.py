@@ -2,8 +2,9 @@
 every argument (errors name it), pick a backend (:mod:`ampkernels.dispatch`) and launch.
 
 Each op has a plain-PyTorch reference in :mod:`ampkernels.reference` with the same contract. The Triton launch code
-checks nothing again; the native ops keep their own checks (``torch.ops.ampkernels.*`` can be called directly) and
-are registered with ``torch.library`` with fake implementations here, so ``torch.compile`` can trace through them.
+checks nothing again; the native ops keep their own checks (``torch.ops.ampkernels.*`` can be called directly). They
+are registered with ``torch.library`` (schemas in ``csrc/scaler/scaler_ops.cpp``), with fake implementations in
+:mod:`ampkernels._native_fakes`, so ``torch.compile`` can trace through them.
 """
 
 from __future__ import annotations
@@ -267,39 +268,3 @@ def update_scale_(
         history=history,
         counters=counters,
     )
-
-
-def _register_fakes() -> None:
-    """Fake (meta) implementations of the native ops, so torch.compile and opcheck can trace them."""
-    if dispatch.native() is None or not hasattr(torch.library, "register_fake"):
-        return
-
-    @torch.library.register_fake("ampkernels::unscale_reduce_")
-    def _(tensors, scale, found_inf, factor, write, norm_type, per_tensor, max_norm):
-        dev = found_inf.device
-        empty = torch.empty(0, dtype=torch.float32, device=dev)
-        has_norm = norm_type != 0.0
-        norm = torch.empty((), dtype=torch.float32, device=dev) if has_norm else empty
-        each = torch.empty(len(tensors), dtype=torch.float32, device=dev) if has_norm and per_tensor else empty
-        coef = torch.empty((), dtype=torch.float32, device=dev) if has_norm and max_norm >= 0 else empty
-        return norm, each, coef
-
-    @torch.library.register_fake("ampkernels::update_scale_")
-    def _(
-        scale,
-        growth_tracker,
-        hysteresis_tracker,
-        found_inf,
-        growth_factor,
-        backoff_factor,
-        growth_interval,
-        hysteresis,
-        min_scale,
-        max_scale,
-        counters,
-        history,
-    ):
-        return None
-
-
-_register_fakes()

@@ -485,23 +485,32 @@ def test_lr_scheduler_stepping_after_a_skipped_step_matches_stock(device):
             torch.testing.assert_close(a, b, **FP32_TOL)
 
 
-def test_functional_op_matches_reference(device):
+def test_native_step_from_mid_training_state_matches_reference(device):
+    """One native FusedAdamW step (amsgrad, weight decay) from a mid-training state (step 3, random moments) equals
+    reference.adam_step from the same state."""
     if dispatch.why_not("adam", "native", device) is not None:
         pytest.skip("native extension not available")
     ps = make_params([(5,), (CHUNK + 1,)], device)
-    grads = [torch.randn_like(p) for p in ps]
-    state = [[torch.rand_like(p) for p in ps] for _ in range(3)]
-    steps = [torch.tensor(3.0, device=device) for _ in ps]
-    ref_p, ref_s, ref_steps = [p.detach().clone() for p in ps], copy.deepcopy(state), copy.deepcopy(steps)
     hyper = dict(beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, amsgrad=True, maximize=False)
-    with torch.no_grad():
-        torch.ops.ampkernels.fused_adam_(
-            list(ps), grads, *state, [], steps, None, 1e-2, *hyper.values(), True, None, None
-        )
+    opt = FusedAdamW(ps, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, amsgrad=True, backend="native")
+    set_grads([ps], 0)
+    opt.step()  # creates the state; overwritten below, in place
+    keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    gen = torch.Generator().manual_seed(1)
+    for p in ps:
+        for key in keys:
+            opt.state[p][key].copy_(torch.rand(p.shape, generator=gen))
+        opt.state[p]["step"].fill_(3.0)
+    set_grads([ps], 1)
+    grads = [p.grad.clone() for p in ps]
+    ref_p = [p.detach().clone() for p in ps]
+    ref_s = [[opt.state[p][key].clone() for p in ps] for key in keys]
+    ref_steps = [opt.state[p]["step"].clone() for p in ps]
+    opt.step()
     reference.adam_step(ref_p, grads, *ref_s, ref_steps, lr=1e-2, decoupled_weight_decay=True, **hyper)
     for a, b in zip(ps, ref_p, strict=True):
         torch.testing.assert_close(a.detach(), b, rtol=2e-6, atol=2e-7)
-    assert all(float(s) == 4.0 for s in steps)
+    assert all(float(opt.state[p]["step"]) == 4.0 for p in ps)
 
 
 # ---- GPU only ----

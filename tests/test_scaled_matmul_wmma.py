@@ -1,5 +1,5 @@
-"""Tests of the native ops ``ampkernels::scaled_matmul_wmma_`` (csrc/cuda/scaled_matmul_wmma.cuh) and
-``ampkernels::scaled_matmul_wgmma_`` (csrc/cuda/scaled_matmul_wgmma.cuh, sm_90a only), which share a contract.
+"""Tests of the native ops ``ampkernels::scaled_matmul_wmma_`` (csrc/matmul/wmma.cuh) and
+``ampkernels::scaled_matmul_wgmma_`` (csrc/matmul/wgmma.cuh, sm_90a only), which share a contract.
 
 GPU tests compare against a float64 reference, ``alpha * scale * (a.double() @ b.double()) + bias (+ out_old)``, and
 allow at most twice the error of torch computing the same thing in the low-precision dtype. Outputs are poisoned
@@ -53,8 +53,8 @@ IN_DTYPES = [
 ]
 OUT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 LAYOUTS = [(True, True), (True, False), (False, True), (False, False)]  # (a row-major, b row-major)
-# Forced configurations the launchers know: AMPKERNELS_WMMA_TILE (csrc/cuda/scaled_matmul_wmma.cu) and
-# AMPKERNELS_WGMMA_BN (csrc/scaled_matmul.h).
+# Forced configurations the launchers know: AMPKERNELS_WMMA_TILE (csrc/matmul/wmma.cu) and
+# AMPKERNELS_WGMMA_BN (csrc/matmul/scaled_matmul.h).
 TILES = [("AMPKERNELS_WMMA_TILE", t) for t in ["128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]]
 WGMMA_WIDTHS = [("AMPKERNELS_WGMMA_BN", w) for w in ["128", "192", "256"]]
 

@@ -1,0 +1,307 @@
+// OptimizerTable: the launch table of one (param group, device, dtype) bucket that FusedAdam/FusedAdamW/FusedSGD
+// keep, so that a step's host work is one C++ pass over the parameters (no Python loop, no list conversion through
+// the dispatcher). Bound to Python in bindings.cpp; kernels in optimizer_cpu.cpp and optimizer.cu.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/grad.h"
+#include "optim/optimizer.h"
+
+namespace ampkernels {
+
+inline void dispatch_launch(const OptimizerLaunch& l) {
+  if (l.table->device().is_cuda()) {
+#ifdef AMPK_WITH_CUDA
+    optimizer_step_cuda(l);
+#else
+    TORCH_CHECK(false, "ampkernels: the native extension was built without CUDA; rebuild it with a CUDA toolkit "
+                       "(pip install --no-build-isolation -e .) or use backend='triton'");
+#endif
+  } else {
+    optimizer_step_cpu(l);
+  }
+}
+
+inline bool is_optimizer_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+inline void check_optional_scalar(const std::optional<at::Tensor>& t, const char* name, at::Device device) {
+  if (!t.has_value()) return;
+  AMPK_CHECK_SCALAR_FLOAT(*t, name);
+  AMPK_CHECK_ARG(t->device() == device, name, "expected a tensor on ", device, ", got one on ", t->device());
+}
+
+// The launch table of one (device, parameter dtype, gradient dtype) bucket: the parameters and their state are fixed
+// at construction; the gradients are re-read on every step (their memory may move between steps).
+class AMPK_HIDDEN OptimizerTable {
+ public:
+  // `state[k]` is list k + 1 of OptimizerList (exp_avg .. step), empty when absent, else one tensor per parameter.
+  // `watch`: parameters of the same param group that had no gradient when the table was built; a step returns
+  // false (nothing launched) once any of them has one, and the caller rebuilds.
+  OptimizerTable(OptimizerKind kind, std::vector<at::Tensor> params, std::vector<std::vector<at::Tensor>> state,
+                 std::vector<at::Tensor> watch, at::ScalarType grad_dtype)
+      : kind_(kind), params_(std::move(params)), state_(std::move(state)), watch_(std::move(watch)),
+        grad_dtype_(grad_dtype) {
+    AMPK_CHECK_ARG(!params_.empty(), "params", "expected at least one parameter");
+    AMPK_CHECK_ARG(static_cast<int>(state_.size()) == kNumLists - 1, "state", "expected ", kNumLists - 1, " lists");
+    device_ = params_[0].device();
+    param_dtype_ = params_[0].scalar_type();
+    state_dtype_ = param_dtype_;
+    AMPK_CHECK_ARG(device_.is_cpu() || device_.is_cuda(), "params", "no kernels for parameters on ", device_);
+    AMPK_CHECK_ARG(is_optimizer_dtype(param_dtype_), "params", "parameter dtype ", param_dtype_,
+                   " is not supported (float32, float16, bfloat16)");
+    AMPK_CHECK_ARG(is_optimizer_dtype(grad_dtype_), "grad_dtype", "gradient dtype ", grad_dtype_,
+                   " is not supported (float32, float16, bfloat16)");
+    const int64_t n = static_cast<int64_t>(params_.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor& p = params_[i];
+      AMPK_CHECK_ARG(p.device() == device_ && p.scalar_type() == param_dtype_, "params", "parameter ", i, " is ",
+                     p.scalar_type(), " on ", p.device(), ", expected ", param_dtype_, " on ", device_);
+      AMPK_CHECK_ARG(p.is_non_overlapping_and_dense(), "params", "parameter ", i,
+                     " is not non-overlapping and dense (a strided view); the fused kernels walk its memory");
+    }
+    for (int k = 0; k < kNumLists - 1; ++k) {
+      const auto& list = state_[k];
+      if (list.empty()) continue;
+      const int which = k + 1;
+      const char* name = which == kStepList ? "step" : which == kMasterList ? "master_param" : "state";
+      AMPK_CHECK_ARG(static_cast<int64_t>(list.size()) == n, name, "expected ", n, " tensors, got ", list.size());
+      for (int64_t i = 0; i < n; ++i) {
+        const at::Tensor& s = list[i];
+        AMPK_CHECK_ARG(s.device() == device_, name, "tensor ", i, " is on ", s.device(), ", expected ", device_);
+        if (which == kStepList) {
+          AMPK_CHECK_ARG(s.scalar_type() == at::kFloat && s.numel() == 1, name, "tensor ", i,
+                         " must be a 1-element float32 tensor");
+          continue;
+        }
+        const bool fp32_only = which == kMasterList;
+        if (!fp32_only && i == 0 && k == 0) state_dtype_ = s.scalar_type();
+        AMPK_CHECK_ARG(s.scalar_type() == (fp32_only ? at::kFloat : state_dtype_), name, "tensor ", i, " has dtype ",
+                       s.scalar_type(), ", expected ", fp32_only ? at::kFloat : state_dtype_);
+        AMPK_CHECK_ARG(s.sizes() == params_[i].sizes() && s.strides() == params_[i].strides(), name, "tensor ", i,
+                       " must have the shape and strides of its parameter");
+      }
+    }
+    const bool has_master = !state_[kMasterList - 1].empty();
+    AMPK_CHECK_ARG(has_master == (state_dtype_ != param_dtype_), "state",
+                   "state in float32 for float16/bfloat16 parameters needs master weights, and only then");
+    AMPK_CHECK_ARG(state_dtype_ == param_dtype_ || state_dtype_ == at::kFloat, "state", "state dtype ", state_dtype_,
+                   " for ", param_dtype_, " parameters");
+    table_ = std::make_unique<TensorTable>(params_, device_);
+    TORCH_INTERNAL_ASSERT(table_->groups().size() == 1, "one parameter dtype per table");
+    param_ptrs_.reserve(n);
+    for (const auto& p : params_) {
+      param_ptrs_.push_back(p.data_ptr());
+      param_sizes_.emplace_back(p.sizes().begin(), p.sizes().end());
+      param_strides_.emplace_back(p.strides().begin(), p.strides().end());
+    }
+    check_distinct();
+    host_lists_.assign(kNumLists * n, 0);
+    for (int k = 0; k < kNumLists - 1; ++k)
+      for (size_t i = 0; i < state_[k].size(); ++i)
+        host_lists_[(k + 1) * n + i] = reinterpret_cast<int64_t>(state_[k][i].data_ptr());
+    grad_ptrs_.assign(n, nullptr);
+    grad_same_layout_.assign(n, 0);
+    staged_.assign(n, at::Tensor());
+    scalars_ = at::empty({n, 2}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    retain_if_capturing(device_, {&scalars_});
+  }
+
+  // Re-reads the parameters and their gradients. False (the caller rebuilds the table): a parameter's memory, shape
+  // or strides changed (`p.data = ...`, `p.data.resize_()`: its state no longer matches, and the kernels would walk
+  // the old extent), a parameter lost its gradient, a watched one gained one, or a gradient changed dtype or layout
+  // type. Re-uploads the gradient addresses when a gradient moved or its strides changed (a gradient laid out unlike
+  // its parameter is read through a copy in the parameter's layout). Raises when a gradient's shape is not its
+  // parameter's. The check runs on the intra-op pool (all_params_pass); only the gradients that changed are then
+  // updated, serially.
+  bool refresh() {
+    for (const auto& w : watch_)
+      if (grad_of(w) != nullptr) return false;
+    const int64_t n = static_cast<int64_t>(params_.size());
+    std::atomic<bool> any_moved{false};
+    std::atomic<int64_t> bad_shape{-1};
+    moved_.assign(n, 0);
+    const bool fresh = all_params_pass(n, [&](int64_t i) {
+      const at::Tensor& p = params_[i];
+      if (p.data_ptr() != param_ptrs_[i] || p.sizes() != at::IntArrayRef(param_sizes_[i]) ||
+          p.strides() != at::IntArrayRef(param_strides_[i]))
+        return false;
+      const at::Tensor* g = grad_of(p);
+      if (g == nullptr || g->layout() != at::kStrided || g->scalar_type() != grad_dtype_ || g->device() != device_)
+        return false;
+      if (g->sizes() != p.sizes()) {
+        bad_shape.store(i, std::memory_order_relaxed);
+        return false;
+      }
+      const bool same_layout = g->strides() == p.strides();
+      if (g->data_ptr() != grad_ptrs_[i] || same_layout != static_cast<bool>(grad_same_layout_[i])) {
+        moved_[i] = 1;
+        any_moved.store(true, std::memory_order_relaxed);
+      }
+      return true;
+    });
+    const int64_t bad = bad_shape.load();
+    if (bad >= 0)
+      AMPK_CHECK_ARG(false, "params", "parameter ", bad, " has shape ", list_of(params_[bad].sizes()),
+                     " but its gradient has shape ", list_of(grad_of(params_[bad])->sizes()));
+    if (!fresh) return false;
+    if (any_moved.load()) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (!moved_[i]) continue;
+        const at::Tensor& p = params_[i];
+        const at::Tensor& g = *grad_of(p);
+        const bool same_layout = g.strides() == p.strides();
+        if (!same_layout && !staged_[i].defined()) {
+          staged_[i] = at::empty_like(p, p.options().dtype(grad_dtype_));
+          retain_if_capturing(device_, {&staged_[i]});
+        }
+        if (same_layout) staged_[i] = at::Tensor();
+        grad_ptrs_[i] = g.data_ptr();
+        grad_same_layout_[i] = same_layout;
+        host_lists_[kGradList * n + i] = reinterpret_cast<int64_t>(same_layout ? grad_ptrs_[i] : staged_[i].data_ptr());
+      }
+    }
+    if (any_moved.load() || !lists_.defined()) upload();
+    return true;
+  }
+
+  bool step_adam(double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2, double eps,
+                 double weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay,
+                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+    AMPK_CHECK_ARG(kind_ == OptimizerKind::kAdam, "step_adam", "this table was built for SGD");
+    AMPK_CHECK_ARG(!amsgrad || !state_[kMaxExpAvgSqList - 1].empty(), "amsgrad",
+                   "the table has no max_exp_avg_sq tensors");
+    if (!refresh()) return false;
+    OptimizerLaunch l = make_launch(lr, lr_tensor, grad_scale, found_inf);
+    l.adam.beta1 = beta1;
+    l.adam.beta2 = beta2;
+    l.adam.beta2_f = static_cast<float>(beta2);
+    l.adam.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+    l.adam.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+    l.adam.eps = static_cast<float>(eps);
+    l.adam.weight_decay = static_cast<float>(weight_decay);
+    l.adam.amsgrad = amsgrad;
+    l.adam.maximize = maximize;
+    l.adam.decoupled_weight_decay = decoupled_weight_decay;
+    launch(l);
+    return true;
+  }
+
+  bool step_sgd(double lr, const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
+                double weight_decay, bool nesterov, bool maximize, const std::optional<at::Tensor>& grad_scale,
+                const std::optional<at::Tensor>& found_inf) {
+    AMPK_CHECK_ARG(kind_ == OptimizerKind::kSgd, "step_sgd", "this table was built for Adam");
+    AMPK_CHECK_ARG(momentum == 0.0 || (!state_[kExpAvgList - 1].empty() && !state_[kStepList - 1].empty()),
+                   "momentum", "momentum needs momentum_buffer and step tensors");
+    if (!refresh()) return false;
+    OptimizerLaunch l = make_launch(lr, lr_tensor, grad_scale, found_inf);
+    l.sgd.momentum = static_cast<float>(momentum);
+    l.sgd.one_minus_dampening = static_cast<float>(1.0 - dampening);
+    l.sgd.weight_decay = static_cast<float>(weight_decay);
+    l.sgd.nesterov = nesterov;
+    l.sgd.maximize = maximize;
+    launch(l);
+    return true;
+  }
+
+  int64_t uploads() const { return uploads_; }
+
+  // Every device address the step kernels use, by role: to check that a captured graph points at live memory.
+  std::vector<std::pair<std::string, int64_t>> addresses() const {
+    static const char* kNames[kNumLists] = {"grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param", "step"};
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (const void* p : param_ptrs_) out.emplace_back("param", reinterpret_cast<int64_t>(p));
+    const size_t n = params_.size();
+    for (int k = 0; k < kNumLists; ++k)
+      for (size_t i = 0; i < n; ++i)
+        if (host_lists_[k * n + i] != 0) out.emplace_back(kNames[k], host_lists_[k * n + i]);
+    for (const auto* t : {&lists_, &scalars_, &table_->meta(), &table_->partials()})
+      if (t->defined() && t->is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(t->data_ptr()));
+    return out;
+  }
+
+ private:
+  // Two entries for one parameter (torch.optim only warns about duplicates) would be stepped twice by concurrent
+  // blocks, racing on the parameter and its state. Parameters sharing one gradient are fine: gradients are read-only.
+  void check_distinct() const {
+    std::vector<std::pair<const void*, int64_t>> order;
+    order.reserve(param_ptrs_.size());
+    for (size_t i = 0; i < param_ptrs_.size(); ++i)
+      if (params_[i].numel() > 0) order.emplace_back(param_ptrs_[i], static_cast<int64_t>(i));
+    std::sort(order.begin(), order.end());
+    for (size_t k = 1; k < order.size(); ++k)
+      AMPK_CHECK_ARG(order[k].first != order[k - 1].first, "params", "parameters ", order[k - 1].second, " and ",
+                     order[k].second, " share their memory (the same parameter twice in one param group?); each "
+                     "parameter must appear once");
+  }
+
+  OptimizerLaunch make_launch(double lr, const std::optional<at::Tensor>& lr_tensor,
+                              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+    check_optional_scalar(grad_scale, "grad_scale", device_);
+    check_optional_scalar(found_inf, "found_inf", device_);
+    check_optional_scalar(lr_tensor, "lr", device_);
+    OptimizerLaunch l;
+    l.kind = kind_;
+    l.table = table_.get();
+    l.lists = lists_;
+    l.scalars = scalars_;
+    l.param_dtype = param_dtype_;
+    l.grad_dtype = grad_dtype_;
+    l.state_dtype = state_dtype_;
+    if (grad_scale.has_value()) l.grad_scale = *grad_scale;
+    if (found_inf.has_value()) l.found_inf = *found_inf;
+    if (lr_tensor.has_value()) l.lr_tensor = *lr_tensor;
+    l.lr = lr;
+    return l;
+  }
+
+  void launch(const OptimizerLaunch& l) {
+    for (size_t i = 0; i < staged_.size(); ++i)
+      if (staged_[i].defined()) staged_[i].copy_(*grad_of(params_[i]));
+    dispatch_launch(l);
+  }
+
+  void upload() {
+    // A fresh pinned buffer every time: the previous one may still be read by an asynchronous copy. A copy captured
+    // in a CUDA graph reads it again at every replay, also after a later upload replaced it here (when it was freed,
+    // the pinned allocator handed it out again and replays read garbage addresses): retained while capturing.
+    const auto opts = at::TensorOptions().dtype(at::kLong).pinned_memory(device_.is_cuda());
+    lists_host_ = at::empty({static_cast<int64_t>(host_lists_.size())}, opts);
+    std::copy(host_lists_.begin(), host_lists_.end(), lists_host_.data_ptr<int64_t>());
+    lists_ = device_.is_cpu() ? lists_host_ : lists_host_.to(device_, /*non_blocking=*/true);
+    retain_if_capturing(device_, {&lists_host_, &lists_});
+    ++uploads_;
+  }
+
+  OptimizerKind kind_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::vector<at::Tensor>> state_;
+  std::vector<at::Tensor> watch_;
+  at::ScalarType grad_dtype_, param_dtype_ = at::kFloat, state_dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;
+  std::unique_ptr<TensorTable> table_;
+  std::vector<const void*> param_ptrs_, grad_ptrs_;
+  std::vector<c10::DimVector> param_sizes_, param_strides_;  // what the state and the table were built for
+  std::vector<uint8_t> grad_same_layout_;  // per parameter: its gradient had its strides at the last upload
+  std::vector<int64_t> host_lists_;
+  std::vector<at::Tensor> staged_;  // per parameter: a copy of its gradient in its layout, when they differ
+  std::vector<uint8_t> moved_;      // per parameter, during refresh(): its gradient moved since the last upload
+  at::Tensor lists_, lists_host_, scalars_;
+  int64_t uploads_ = 0;
+};
+
+inline OptimizerKind kind_of(const std::string& kind) {
+  if (kind == "adam") return OptimizerKind::kAdam;
+  AMPK_CHECK_ARG(kind == "sgd", "kind", "expected 'adam' or 'sgd', got '", kind, "'");
+  return OptimizerKind::kSgd;
+}
+
+}  // namespace ampkernels

@@ -1,0 +1,216 @@
+// The loss-scaler ops ampkernels::unscale_reduce_ and ampkernels::update_scale_: schemas, argument checks and
+// CPU/CUDA registrations, and the helpers GradTable (scaler/grad_table.h) shares with them.
+#include <torch/library.h>
+
+#include <cmath>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "common/checks.h"
+#include "scaler/scaler.h"
+
+namespace ampkernels {
+
+NormKind norm_kind_of(double norm_type) {
+  if (norm_type == 0.0) return NormKind::kNone;
+  if (norm_type == 2.0) return NormKind::kL2;
+  if (std::isinf(norm_type) && norm_type > 0) return NormKind::kInf;
+  AMPK_CHECK_ARG(false, "norm_type", "the fused kernels compute the 2-norm and the inf-norm, got ", norm_type);
+  return NormKind::kNone;  // unreachable
+}
+
+void launch_unscale_reduce(const TensorTable& table, const UnscaleReduceArgs& args) {
+  if (table.device().is_cuda()) {
+#ifdef AMPK_WITH_CUDA
+    unscale_reduce_cuda(table, args);
+#else
+    TORCH_CHECK(false, "ampkernels: the native extension was built without CUDA; rebuild it with a CUDA toolkit "
+                       "(pip install --no-build-isolation -e .) or use the Triton backend");
+#endif
+  } else {
+    TORCH_CHECK(table.device().is_cpu(), "ampkernels: no kernel for tensors on ", table.device());
+    unscale_reduce_cpu(table, args);
+  }
+}
+
+void check_scalars(const at::Tensor& scale, const at::Tensor& found_inf, const std::optional<at::Tensor>& factor,
+                   at::Device device) {
+  AMPK_CHECK_SCALAR_FLOAT(scale, "scale");
+  AMPK_CHECK_SCALAR_FLOAT(found_inf, "found_inf");
+  AMPK_CHECK_ARG(scale.device() == device, "scale", "expected a tensor on ", device, ", got one on ", scale.device());
+  AMPK_CHECK_ARG(found_inf.device() == device, "found_inf", "expected a tensor on ", device, ", got one on ",
+                 found_inf.device());
+  if (factor.has_value()) {
+    AMPK_CHECK_SCALAR_FLOAT(*factor, "factor");
+    AMPK_CHECK_ARG(factor->device() == device, "factor", "expected a tensor on ", device, ", got one on ",
+                   factor->device());
+  }
+}
+
+UnscaleReduceArgs make_args(const at::Tensor& scale, const at::Tensor& found_inf,
+                            const std::optional<at::Tensor>& factor, bool write, double norm_type, double max_norm) {
+  UnscaleReduceArgs a;
+  a.scale = scale;
+  a.found_inf = found_inf;
+  if (factor.has_value()) a.factor = *factor;
+  a.write = write;
+  a.norm = norm_kind_of(norm_type);
+  a.max_norm = max_norm;
+  return a;
+}
+
+// Outputs requested by (norm_type, per_tensor, max_norm); empty tensors stand for "not requested".
+std::tuple<at::Tensor, at::Tensor, at::Tensor> make_outputs(UnscaleReduceArgs& a, int64_t num_per_tensor,
+                                                            bool per_tensor, at::Device device) {
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor norm = at::empty({0}, opts), each = at::empty({0}, opts), coef = at::empty({0}, opts);
+  if (a.norm != NormKind::kNone) {
+    norm = a.norm_out = at::empty({}, opts);
+    // zeros: entries of parameters without a gradient stay 0
+    if (per_tensor) each = a.per_tensor_out = at::zeros({num_per_tensor}, opts);
+    if (a.max_norm >= 0) coef = a.coef_out = at::empty({}, opts);
+  }
+  return {norm, each, coef};
+}
+
+namespace {
+
+// ---- ampkernels::unscale_reduce_ (list form, for any list of tensors) ----
+
+// Tables of recent lists, so a caller that passes the same tensors every step skips the rebuild and the upload.
+struct TableCache {
+  static constexpr size_t kEntries = 8;
+  std::deque<std::shared_ptr<TensorTable>> entries;
+
+  std::shared_ptr<TensorTable> get(const std::vector<at::Tensor>& tensors, at::Device device) {
+    for (auto it = entries.begin(); it != entries.end(); ++it) {
+      if ((*it)->device() == device && (*it)->matches(tensors)) {
+        auto hit = *it;
+        entries.erase(it);
+        entries.push_front(hit);
+        return hit;
+      }
+    }
+    auto table = std::make_shared<TensorTable>(tensors, device);
+    entries.push_front(table);
+    if (entries.size() > kEntries) entries.pop_back();
+    return table;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_reduce_(at::TensorList tensors, const at::Tensor& scale,
+                                                               const at::Tensor& found_inf,
+                                                               const std::optional<at::Tensor>& factor, bool write,
+                                                               double norm_type, bool per_tensor, double max_norm) {
+  const at::Device device = found_inf.device();
+  check_scalars(scale, found_inf, factor, device);
+  std::vector<at::Tensor> dense;
+  std::vector<std::pair<at::Tensor, at::Tensor>> staged;  // (original, dense copy)
+  dense.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    AMPK_CHECK_ARG(t.defined(), "tensors", "element ", i, " is undefined");
+    AMPK_CHECK_ARG(t.layout() == at::kStrided, "tensors", "element ", i, " has layout ", t.layout(),
+                   "; pass the values of a sparse tensor");
+    AMPK_CHECK_ARG(is_supported_grad_dtype(t.scalar_type()), "tensors", "element ", i, " has dtype ", t.scalar_type(),
+                   "; supported: float32, float16, bfloat16, float64");
+    AMPK_CHECK_ARG(t.device() == device, "tensors", "element ", i, " is on ", t.device(), " but found_inf is on ",
+                   device);
+    if (t.is_non_overlapping_and_dense()) {
+      dense.push_back(t);
+    } else {
+      staged.emplace_back(t, t.contiguous());
+      dense.push_back(staged.back().second);
+    }
+  }
+  // Never destroyed: its device tensors must not be freed by a static destructor after CUDA has shut down
+  // (which aborts the process at exit).
+  static TableCache& cache = *new TableCache();
+  static std::mutex cache_mutex;
+  std::shared_ptr<TensorTable> table;
+  if (staged.empty()) {
+    const std::lock_guard<std::mutex> lock(cache_mutex);
+    table = cache.get(dense, device);
+  } else {  // staged copies are fresh allocations every call: keep them out of the cache
+    table = std::make_shared<TensorTable>(dense, device);
+  }
+
+  UnscaleReduceArgs a = make_args(scale, found_inf, factor, write, norm_type, max_norm);
+  auto outputs = make_outputs(a, static_cast<int64_t>(tensors.size()), per_tensor, device);
+  launch_unscale_reduce(*table, a);
+  if (write)
+    for (auto& [orig, copy] : staged) orig.copy_(copy);
+  return outputs;
+}
+
+// ---- ampkernels::update_scale_ ----
+
+void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& hysteresis_tracker,
+                   const at::Tensor& found_inf, double growth_factor, double backoff_factor, int64_t growth_interval,
+                   int64_t hysteresis, double min_scale, double max_scale, const std::optional<at::Tensor>& counters,
+                   const std::optional<at::Tensor>& history) {
+  AMPK_CHECK_SCALAR_FLOAT(scale, "scale");
+  AMPK_CHECK_SCALAR_FLOAT(found_inf, "found_inf");
+  AMPK_CHECK_ARG(growth_tracker.scalar_type() == at::kInt && growth_tracker.numel() == 1, "growth_tracker",
+                 "expected a 1-element int32 tensor");
+  AMPK_CHECK_ARG(hysteresis_tracker.scalar_type() == at::kInt && hysteresis_tracker.numel() == 1,
+                 "hysteresis_tracker", "expected a 1-element int32 tensor");
+  AMPK_CHECK_SAME_DEVICE(growth_tracker, scale, "growth_tracker");
+  AMPK_CHECK_SAME_DEVICE(hysteresis_tracker, scale, "hysteresis_tracker");
+  AMPK_CHECK_SAME_DEVICE(found_inf, scale, "found_inf");
+  AMPK_CHECK_ARG(growth_interval > 0, "growth_interval", "must be positive, got ", growth_interval);
+  AMPK_CHECK_ARG(hysteresis > 0, "hysteresis", "must be positive, got ", hysteresis);
+  UpdateScaleArgs a{scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor, backoff_factor,
+                    growth_interval, hysteresis, min_scale, max_scale, {}, {}};
+  if (counters.has_value()) {
+    AMPK_CHECK_ARG(counters->scalar_type() == at::kLong && counters->numel() == 2 && counters->is_contiguous(),
+                   "counters", "expected a contiguous int64 tensor of 2 elements");
+    AMPK_CHECK_SAME_DEVICE(*counters, scale, "counters");
+    a.counters = *counters;
+  }
+  if (history.has_value()) {
+    AMPK_CHECK_ARG(counters.has_value(), "history", "needs 'counters' to know where to write");
+    AMPK_CHECK_ARG(history->scalar_type() == at::kFloat && history->is_contiguous(), "history",
+                   "expected a contiguous float32 tensor");
+    AMPK_CHECK_SAME_DEVICE(*history, scale, "history");
+    a.history = *history;
+  }
+  if (scale.is_cuda()) {
+#ifdef AMPK_WITH_CUDA
+    update_scale_cuda(a);
+#else
+    TORCH_CHECK(false, "ampkernels: the native extension was built without CUDA");
+#endif
+  } else {
+    update_scale_cpu(a);
+  }
+}
+
+}  // namespace
+}  // namespace ampkernels
+
+TORCH_LIBRARY_FRAGMENT(ampkernels, m) {
+  m.def(
+      "unscale_reduce_(Tensor(a!)[] tensors, Tensor scale, Tensor(b!) found_inf, Tensor? factor, bool write, "
+      "float norm_type, bool per_tensor, float max_norm) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, Tensor found_inf, "
+      "float growth_factor, float backoff_factor, int growth_interval, int hysteresis, float min_scale, "
+      "float max_scale, Tensor(d!)? counters, Tensor(e!)? history) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(ampkernels, CPU, m) {
+  m.impl("unscale_reduce_", &ampkernels::unscale_reduce_);
+  m.impl("update_scale_", &ampkernels::update_scale_);
+}
+
+#ifdef AMPK_WITH_CUDA
+TORCH_LIBRARY_IMPL(ampkernels, CUDA, m) {
+  m.impl("unscale_reduce_", &ampkernels::unscale_reduce_);
+  m.impl("update_scale_", &ampkernels::update_scale_);
+}
+#endif
