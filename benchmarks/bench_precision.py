@@ -163,6 +163,14 @@ MODELS: dict[str, tuple[Callable[[bool], Model], str]] = {
 }
 
 
+# The scaled-down stand-ins of a CPU-only run go by their own names.
+CPU_NAMES = {"bert-base": "bert-tiny", "resnet-50": "resnet-18"}
+
+
+def model_name(name: str, cpu_small: bool) -> str:
+    return CPU_NAMES[name] if cpu_small else name
+
+
 def _why_not(name: str) -> str | None:
     """None when the model's package is installed, else why the model is skipped."""
     package = MODELS[name][1]
@@ -301,10 +309,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 if "device-side assert" in str(exc) or "illegal memory access" in str(exc):
                     lost_context = f"{name} {recipe.name}"
             free_device_memory(ctx.device)
-        rows.append({"model": name, "recipe": recipe.name, "label": recipe.label, **row})
+        rows.append({**row, "model": model_name(name, ctx.cpu_small), "recipe": recipe.name, "label": recipe.label})
         ctx.progress.update()
     order = {recipe.name: i for i, recipe in enumerate(RECIPES)}
-    rows.sort(key=lambda row: (models.index(row["model"]), order[row["recipe"]]))
+    names = [model_name(name, ctx.cpu_small) for name in models]
+    rows.sort(key=lambda row: (names.index(row["model"]), order[row["recipe"]]))
     for row in rows:
         fp32 = next((r for r in rows if r["model"] == row["model"] and r["recipe"] == "fp32"), None)
         if "error" not in row and fp32 is not None and "error" not in fp32:

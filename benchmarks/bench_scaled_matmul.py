@@ -355,7 +355,7 @@ def summary(document: dict[str, Any]) -> list[str]:
     picked = next((by[name] for name in preferred if name in by), overall[0])
     mm = "cuBLAS" if document["mode"] == "gpu" else "torch mm on the CPU (not a speed claim)"
     return [
-        f"scaled_matmul, {_label(document, picked['implementation'])}: geomean {picked['geomean_vs_cublas_mm']:.2f}x "
+        f"{_label(document, picked['implementation'])}: geomean {picked['geomean_vs_cublas_mm']:.2f}x "
         f"{mm} without a scale (min {picked['min_vs_cublas_mm']:.2f}x), "
         f"{picked['geomean_vs_cublas_then_scale']:.2f}x mm then * scale, over {picked['cases']} cases"
     ]

@@ -427,6 +427,7 @@ def report(document: dict[str, Any]) -> str:
 def summary(document: dict[str, Any]) -> list[str]:
     """Per model: the ampkernels step, eager and graphed, against the stock recipe with torch's fused AdamW."""
     lines = []
+    precision = "fp16" if document["mode"] == "gpu" else "bf16"  # as _build picks
     for name in dict.fromkeys(row["model"] for row in document["rows"]):
         by = {r["recipe"]: r for r in document["rows"] if r["model"] == name and "error" not in r}
         if "stock-fused" not in by:
@@ -438,7 +439,7 @@ def summary(document: dict[str, Any]) -> list[str]:
         ]
         failed = [r["recipe"] for r in document["rows"] if r["model"] == name and "error" in r]
         lines.append(
-            f"{name} training step vs stock fp16 AMP (fused AdamW, {by['stock-fused']['step_ms']:.3g} ms): "
+            f"{name} training step vs stock {precision} AMP (fused AdamW, {by['stock-fused']['step_ms']:.3g} ms): "
             + ", ".join(parts)
             + (f" (failed: {', '.join(failed)})" if failed else "")
         )

@@ -201,7 +201,9 @@ def describe_environment(environment: dict[str, Any]) -> str:
         )
     else:
         device = f"CPU {environment['cpu_model']} ({environment['torch_threads']} threads)"
-    versions = f"torch {environment['torch']} | triton {environment['triton']} | CUDA {environment['cuda']}"
+    versions = f"torch {environment['torch']} | triton {environment['triton']}"
+    if environment["device_type"] == "cuda":
+        versions += f" | CUDA {environment['cuda']}"
     return f"{device} | {versions} | {environment['date'][:10]}"
 
 
@@ -281,15 +283,20 @@ def plot_grouped_bars(
     width_in = panel_width * columns
     figure, axes = plt.subplots(rows, columns, figsize=(width_in, 4.5 * rows), layout="constrained", squeeze=False)
     axes = list(axes.flat)
+    # A series keeps its colour in every panel; one with no value in a panel gets no slot there.
+    colours = {label: f"C{i}" for i, label in enumerate(dict.fromkeys(k for _, s in panels.values() for k in s))}
+    legend: dict[str, Any] = {}
     for axis, (panel_title, (groups, series)) in zip(axes, panels.items()):
-        bar_width = 0.8 / len(series)
+        series = {label: values for label, values in series.items() if any(v is not None for v in values)}
+        bar_width = 0.8 / max(1, len(series))
         for index, (label, values) in enumerate(series.items()):
             offset = (index - (len(series) - 1) / 2) * bar_width
             bars = [(group + offset, value) for group, value in enumerate(values) if value is not None]
             drawn = axis.bar(
-                [x for x, _ in bars], [value for _, value in bars], bar_width, label=label, color=f"C{index}"
+                [x for x, _ in bars], [value for _, value in bars], bar_width, label=label, color=colours[label]
             )
             axis.bar_label(drawn, fmt="%.3g", fontsize=7 if len(series) <= 4 else 6)
+            legend.setdefault(label, drawn)
         axis.set_xticks(range(len(groups)), groups, fontsize=tick_fontsize)
         if log_scale:
             axis.set_yscale("log")
@@ -300,11 +307,13 @@ def plot_grouped_bars(
         axis.grid(axis="y", which="both", alpha=0.3)
     for unused_axis in axes[len(panels) :]:
         unused_axis.set_visible(False)
-    handles, labels = axes[0].get_legend_handles_labels()
-    # About 0.07 in per character at 9 pt, plus the colour patch.
-    label_width_in = 0.07 * max(len(label) for label in labels) + 0.6
-    ncol = max(1, min(len(labels), int(width_in // label_width_in)))
-    figure.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=9)
+    labels = [label for label in colours if label in legend]
+    handles = [legend[label] for label in labels]
+    if labels:
+        # About 0.07 in per character at 9 pt, plus the colour patch.
+        label_width_in = 0.07 * max(len(label) for label in labels) + 0.6
+        ncol = max(1, min(len(labels), int(width_in // label_width_in)))
+        figure.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=9)
     figure.suptitle(wrap_title(title, width_in), fontsize=10)
     save_figure(figure, path)
     return True

@@ -186,8 +186,9 @@ def _machine(doc: dict[str, Any]) -> str:
     else:
         device = f"CPU {env['cpu_model']} ({env['torch_threads']} threads; sizes scaled down)"
     settings = doc["settings"]
+    cuda = f", CUDA {env['cuda']}" if env["device_type"] == "cuda" else ""
     return (
-        f"{device}; torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, Python {env['python']}; "
+        f"{device}; torch {env['torch']}, triton {env['triton']}{cuda}, Python {env['python']}; "
         f"{env['date'][:10]}; {settings['repeats']} repeats per loop; copy bandwidth "
         f"{doc['copy_bandwidth']['gbs']:.0f} GB/s (bytes read + written)"
     )

@@ -52,7 +52,9 @@ def test_precision_benchmark_on_tiny_cpu_models(tmp_path):
     assert document["skipped"] == {}
     rows = document["rows"]
     assert [(row["model"], row["recipe"]) for row in rows] == [
-        (model, recipe) for model in bench_precision.MODELS for recipe in bench_precision.CPU_RECIPES
+        (bench_precision.model_name(model, cpu_small=True), recipe)
+        for model in bench_precision.MODELS
+        for recipe in bench_precision.CPU_RECIPES
     ]
     assert all("error" not in row for row in rows), [row.get("error") for row in rows]
     assert all(row["step_ms"] > 0 and row["peak_memory_gib"] is None for row in rows)
@@ -62,10 +64,12 @@ def test_precision_benchmark_on_tiny_cpu_models(tmp_path):
     assert "batch 4 x seq 32" in table and "batch 8 at 32 x 32" in table
     assert "ref ms" not in table and "TF32" not in table  # no GPU reference or GPU recipe on the CPU
     summary = bench_precision.summary(document)
-    assert any(line.startswith("bert-base step time over FP32") for line in summary)
-    assert any(line.startswith("resnet-50 BF16 against stock") for line in summary)
+    assert any(line.startswith("bert-tiny step time over FP32") for line in summary)
+    assert any(line.startswith("resnet-18 BF16 against stock") for line in summary)
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "precision_cpu.png").stat().st_size > 0
+        (tmp_path / "precision_cpu.png").unlink()
+        assert report.redraw(tmp_path) == [tmp_path / "precision_cpu.png"]
     rendered = report.render(tmp_path)
     assert "## " + report.TITLES["precision"] in rendered and "reference ms" not in rendered
 

@@ -101,6 +101,18 @@ def test_default_subsets_of_training_and_scaled_matmul():
     assert bench_scaled_matmul._cases(cpu_small=True, full=False) == bench_scaled_matmul._cases(cpu_small=True)
 
 
+def test_grouped_bars_leave_out_empty_series(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.common import plot_grouped_bars
+
+    panels = {
+        "a": (["x", "y"], {"stock": [1.0, 2.0], "graphed": [None, None], "ours": [0.5, None]}),
+        "b": (["x"], {"stock": [None], "graphed": [None], "ours": [None]}),
+    }
+    assert plot_grouped_bars(tmp_path / "bars.png", "a title " * 40, panels, "ms")
+    assert (tmp_path / "bars.png").stat().st_size > 0
+
+
 def test_environment_date_is_utc():
     from benchmarks.common import environment_info
 
@@ -121,6 +133,8 @@ def test_runner_smoke(tmp_path, capsys):
     printed = capsys.readouterr().out
     summary = printed.split("== summary")[1]
     assert "grad_scaler: many-small post-backward phase" in summary
+    if not torch.cuda.is_available():
+        assert "CUDA" not in printed and "GPU" not in printed.replace("not comparable to GPU figures", "")
 
     (json_path,) = tmp_path.glob("grad_scaler_*.json")
     assert not list(tmp_path.glob("*.png"))
