@@ -11,12 +11,13 @@ update. Recipes, each on its own copy of the model:
   fused AdamW where the native optimizers are not built), update — no host sync;
 - ``ampkernels-graphed``: the ampkernels step captured whole with ``ampkernels.capture_step`` and replayed.
 
-Then a numerics run per model: 200 steps with overflows injected (the loss multiplied by inf on a few steps, through
-a device tensor so that the graph sees it too), dropout off, recording the loss and the scale of every step, for
-stock-fused, stock-foreach, ampkernels and ampkernels-graphed. Clipping makes bitwise equality impossible between
-any two implementations (the total norm is summed in another order, so the clip coefficient differs in its last
-bits); the scale history and the skipped steps must be identical, and ampkernels' loss must stay as close to
-stock-fused as stock-foreach does. On a CPU-only machine only the MLP runs (shrunk, eager, bf16).
+Then a numerics run (on every model with --full, on one by default): 200 steps with overflows injected (the loss
+multiplied by inf on a few steps, through a device tensor so that the graph sees it too), dropout off, recording the
+loss and the scale of every step, for stock-fused, stock-foreach, ampkernels and ampkernels-graphed. Clipping makes
+bitwise equality impossible between any two implementations (the total norm is summed in another order, so the clip
+coefficient differs in its last bits); the scale history and the skipped steps must be identical, and ampkernels'
+loss must stay as close to stock-fused as stock-foreach does. On a CPU-only machine only the MLP runs (shrunk, eager,
+bf16).
 """
 
 from __future__ import annotations
