@@ -1,8 +1,15 @@
-"""Runner behind ``python -m benchmarks``: runs the benchmark modules, prints their tables, saves JSON and PNG.
+"""Runner behind ``python -m benchmarks``: runs the benchmark modules, prints their tables and a summary, saves JSON
+and PNG.
+
+By default a subset that takes a few minutes on one GPU (or on a 2-core CPU, at scaled-down sizes): the modules of
+``DEFAULT_MODULES`` on the parameter sets of ``DEFAULT_SETS``, each module choosing its own default cases, with
+``QUICK_REPEATS`` repeats. ``--full`` runs every module on every set and case with ``REPEATS`` repeats; ``--only``
+runs one module (its default cases unless ``--full``).
 
 Every module named in ``BENCHMARK_MODULES`` provides ``NAME``, ``run(ctx: RunContext) -> dict`` (rows and anything
-else worth keeping), ``report(document) -> str`` (the table) and ``plot(document, path, title) -> bool``. Results go
-to ``<out>/<NAME>_<device>.json`` and ``.png``, e.g. ``grad_scaler_nvidia-h200.json``.
+else worth keeping), ``report(document) -> str`` (the table), ``summary(document) -> list[str]`` (its headline
+ratios against stock) and ``plot(document, path, title) -> bool``. Results go to ``<out>/<NAME>_<device>.json`` and
+``.png``, e.g. ``grad_scaler_nvidia-h200.json``; ``<out>`` is ``./benchmark-results`` unless ``--out`` is given.
 """
 
 from __future__ import annotations
@@ -28,11 +35,25 @@ from benchmarks.common import (
 )
 from benchmarks.param_sets import CPU_SHRINK, PARAM_SETS
 
-BENCHMARK_MODULES = ("bench_grad_scaler", "bench_optimizers", "bench_training", "bench_scaled_matmul")
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+BENCHMARK_MODULES = (
+    "bench_grad_scaler",
+    "bench_optimizers",
+    "bench_training",
+    "bench_scaled_matmul",
+    "bench_precision",
+)
+# NOTE: estimated from the complete sweep's per-module times on the H200, the default run takes ~3 min
+# (grad_scaler ~40 s, optimizers ~10 s, training ~55 s, scaled_matmul ~45 s, plus start-up); bench_precision takes
+# ~1 min more and runs with --only precision or --full.
+DEFAULT_MODULES = ("bench_grad_scaler", "bench_optimizers", "bench_training", "bench_scaled_matmul")
+# Two regimes: bandwidth-bound (BERT-base, 202 tensors) and per-tensor host work (10,000 small tensors). GPT-2-medium
+# and Llama-1B are bandwidth-bound too (post-backward phase 1.8x against BERT-base's 2.1x on the H200) and take most
+# of the complete sweep's time.
+DEFAULT_SETS = ("bert-base", "many-small")
+DEFAULT_OUT = Path("benchmark-results")
 
-# NOTE: loops of >= 50 ms keep the launch and clock jitter of a GPU loop near 1%; on the CPU 20 ms loops keep the
-# whole run of all four sets under ~3 minutes on 2 cores.
+# NOTE: loops of >= 50 ms keep the launch and clock jitter of a GPU loop near 1%; on the CPU, 20 ms loops keep the
+# default run within a few minutes on 2 cores.
 GPU_TARGET_LOOP_S, CPU_TARGET_LOOP_S = 0.05, 0.02
 REPEATS, QUICK_REPEATS = 7, 3
 
@@ -48,13 +69,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--only", choices=[_benchmark_name(name) for name in BENCHMARK_MODULES], help="one benchmark")
     parser.add_argument(
-        "--sets",
-        default=",".join(PARAM_SETS),
-        help=f"comma-separated parameter sets (default: all of {','.join(PARAM_SETS)})",
+        "--full",
+        action="store_true",
+        help=f"every module, parameter set and case, {REPEATS} repeats per loop (tens of minutes on a GPU)",
     )
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_REPEATS} repeats per loop instead of {REPEATS}")
     parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON and PNG files (default: benchmarks/results)"
+        "--sets",
+        help=f"comma-separated parameter sets (default: {','.join(DEFAULT_SETS)}; with --full all of "
+        f"{','.join(PARAM_SETS)})",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_REPEATS} repeats per loop also with --full (the default run's)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"folder for the JSON and PNG files (default: ./{DEFAULT_OUT})"
     )
     parser.add_argument("--no-plot", action="store_true", help="save no PNG")
     parser.add_argument(
@@ -68,13 +96,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"divide every width of the parameter sets by this (default: 1 on a GPU, {CPU_SHRINK} on the CPU)",
     )
     args = parser.parse_args(argv)
-    args.sets = [name.strip() for name in args.sets.split(",") if name.strip()]
+    sets = args.sets if args.sets is not None else ",".join(PARAM_SETS if args.full else DEFAULT_SETS)
+    args.sets = [name.strip() for name in sets.split(",") if name.strip()]
     unknown = [name for name in args.sets if name not in PARAM_SETS]
     if unknown or not args.sets:
         parser.error(f"unknown parameter sets {unknown}; choose from {','.join(PARAM_SETS)}")
     if args.shrink is not None and args.shrink < 1:
         parser.error("--shrink must be at least 1")
     return args
+
+
+def selected_modules(args: argparse.Namespace) -> list[str]:
+    """The benchmark modules that ``args`` runs, in run order."""
+    if args.only is not None:
+        return [name for name in BENCHMARK_MODULES if _benchmark_name(name) == args.only]
+    return list(BENCHMARK_MODULES if args.full else DEFAULT_MODULES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         # set before any benchmark module imports a kernel module.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     shrink = args.shrink or (CPU_SHRINK if cpu_small else 1)
-    repeats = QUICK_REPEATS if args.quick else REPEATS
+    repeats = REPEATS if args.full and not args.quick else QUICK_REPEATS
     target_loop_s = CPU_TARGET_LOOP_S if cpu_small else GPU_TARGET_LOOP_S
     environment = environment_info(device)
     header = [f"== {describe_environment(environment)} =="]
@@ -102,12 +138,13 @@ def main(argv: list[str] | None = None) -> int:
 
     copy_bandwidth = measure_copy_bandwidth(device, repeats, target_loop_s)
     header.append(f"copy bandwidth: {copy_bandwidth['gbs']:.1f} GB/s (bytes read + written)")
-    selected = [name for name in BENCHMARK_MODULES if args.only in (None, _benchmark_name(name))]
-    reports = []
-    for module_name in selected:
+    reports, summary = [], []
+    for module_name in selected_modules(args):
         module = importlib.import_module(f"benchmarks.{module_name}")
         with tqdm(desc=module.NAME, unit="case", dynamic_ncols=True) as progress:
-            ctx = RunContext(device, args.sets, shrink, repeats, target_loop_s, copy_bandwidth["gbs"], progress)
+            ctx = RunContext(
+                device, args.sets, shrink, repeats, target_loop_s, copy_bandwidth["gbs"], progress, full=args.full
+            )
             results = module.run(ctx)
         document = {
             "benchmark": module.NAME,
@@ -119,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sets": args.sets,
                 "shrink": shrink,
                 "quick": args.quick,
+                "full": args.full,
                 "repeats": repeats,
                 "target_loop_ms": target_loop_s * 1e3,
             },
@@ -134,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
             if module.plot(document, stem.with_suffix(".png"), title):
                 saved.append(stem.with_suffix(".png"))
         reports.append(f"[{module.NAME}]\n{module.report(document)}\nsaved: {', '.join(map(str, saved))}")
+        summary += [f"{module.NAME}: {line}" for line in module.summary(document)]
 
     print("\n".join(header))
     print("\n\n".join(reports))
+    print("\n== summary (ratios against stock PyTorch, measured in this run) ==")
+    print("\n".join(summary))
     print(f"finished in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -61,7 +61,20 @@ class Case:
         return f"{self.M}x{self.N}x{self.K} {self.layout}"
 
 
-def _cases(cpu_small: bool) -> list[Case]:
+# NOTE: a case costs ~10 s on the H200 (the warm-up below, for 5-6 variants, 3 rounds): the default run times four,
+# a square product, the widest and the narrowest BERT/Llama projections, and fp16 beside bf16.
+DEFAULT_CASES = (
+    ("bfloat16", "8192x8192x8192 nn"),
+    ("bfloat16", "8192x4096x4096 fwd"),
+    ("bfloat16", "8192x768x3072 fwd"),
+    ("float16", "8192x4096x4096 fwd"),
+)
+
+
+def _cases(cpu_small: bool, full: bool = True) -> list[Case]:
+    """Every case (``full``) or those of DEFAULT_CASES; on the CPU four 64^3 cases either way."""
+    if not cpu_small and not full:
+        return [c for c in _cases(False) if (str(c.dtype).removeprefix("torch."), c.label) in DEFAULT_CASES]
     if cpu_small:
         return [
             Case(dtype, 64, 64, 64, layout) for dtype in (torch.bfloat16, torch.float16) for layout in ("nn", "fwd")
@@ -114,12 +127,10 @@ def _available_backends(device: torch.device) -> list[str]:
 
 
 # NOTE (H200, dev/power_probe.py, 8192x4096x4096 bf16): the large products run at the board's 700 W cap, where the
-# SM clock settles near 1500 MHz within ~100 ms of sustained load. Before that, after an idle pause or a lighter
-# kernel, it boosts toward 1980 MHz: cuBLAS took 0.363 ms in its first 100 ms after a pause and 0.412 ms from then
-# on. With do_bench's few-ms warm-up a variant was timed inside that transient, so its figure depended on what ran
-# before it ("auto", which runs Triton or wgmma, 0.379 ms right after cuBLAS-then-scale; Triton 0.401 and wgmma
-# 0.399 ms one and two turns later).
-# Every variant is now warmed up for WARMUP_MS of back-to-back runs and timed at the cap, as in a training step.
+# SM clock settles near 1500 MHz within ~100 ms of sustained load; after an idle pause or a lighter kernel it boosts
+# toward 1980 MHz first (cuBLAS 0.363 ms in its first 100 ms after a pause, 0.412 ms from then on). A few ms of
+# warm-up would time a variant inside that transient, so that its figure depended on what ran before it. Every
+# variant is warmed up for WARMUP_MS of back-to-back runs and timed at the cap, as in a training step.
 WARMUP_MS, REP_MS = 250, 150
 
 
@@ -253,7 +264,7 @@ def _host_time_us(device: torch.device) -> dict[str, float]:
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    cases = _cases(ctx.cpu_small)
+    cases = _cases(ctx.cpu_small, ctx.full)
     backends = _available_backends(ctx.device)
     ctx.progress.reset(total=len(cases))
     rows: list[dict[str, Any]] = []
@@ -281,14 +292,18 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "auto_choices": list(module.AUTO_LOG),  # what "auto" timed per problem, and its pick
         "warnings": _warnings(rows),
         "timing_note": (
-            f"median of triton.testing.do_bench (GPU, L2 flushed between runs, {WARMUP_MS} ms warm-up: timed at the "
-            "steady power-capped clock); wall time on the CPU"
+            "median wall time of interleaved loops; 64^3 smoke cases through the Triton interpreter, not comparable "
+            "to anything"
+            if ctx.cpu_small
+            else f"median of triton.testing.do_bench (L2 flushed between runs, {WARMUP_MS} ms warm-up: timed at the "
+            "steady power-capped clock)"
         ),
     }
 
 
 def report(document: dict[str, Any]) -> str:
-    headers = ["dtype", "M x N x K layout", "implementation", "ms", "TFLOP/s", "x cuBLAS mm", "x mm+scale", "rel err"]
+    mm = "cuBLAS mm" if document["mode"] == "gpu" else "torch mm"
+    headers = ["dtype", "M x N x K layout", "implementation", "ms", "TFLOP/s", f"x {mm}", "x mm+scale", "rel err"]
     rows = [
         [
             r["dtype"],
@@ -306,7 +321,7 @@ def report(document: dict[str, Any]) -> str:
         [
             s["dtype"],
             f"geomean over {s['cases']} cases",
-            LABELS.get(s["implementation"], s["implementation"]),
+            _label(document, s["implementation"]),
             "",
             "",
             f"{s['geomean_vs_cublas_mm']:.3f} (min {s['min_vs_cublas_mm']:.2f})",
@@ -325,6 +340,27 @@ def report(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _label(document: dict[str, Any], name: str) -> str:
+    labels = CPU_LABELS if document["mode"] != "gpu" else {}
+    return labels.get(name, LABELS.get(name, name))
+
+
+def summary(document: dict[str, Any]) -> list[str]:
+    """The library's default backend (the best one there is, on the CPU the Triton interpreter) over every case."""
+    overall = [s for s in document["summary"] if s["dtype"] == "all"]
+    if not overall:
+        return []
+    preferred = (AUTO, WGMMA, TRITON) if document["mode"] == "gpu" else (TRITON, REFERENCE)
+    by = {s["implementation"]: s for s in overall}
+    picked = next((by[name] for name in preferred if name in by), overall[0])
+    mm = "cuBLAS" if document["mode"] == "gpu" else "torch mm on the CPU (not a speed claim)"
+    return [
+        f"{_label(document, picked['implementation'])}: geomean {picked['geomean_vs_cublas_mm']:.2f}x "
+        f"{mm} without a scale (min {picked['min_vs_cublas_mm']:.2f}x), "
+        f"{picked['geomean_vs_cublas_then_scale']:.2f}x mm then * scale, over {picked['cases']} cases"
+    ]
+
+
 def plot(document: dict[str, Any], path: Path, title: str) -> bool:
     panels = {}
     for dtype in sorted({r["dtype"] for r in document["rows"]}):
@@ -332,7 +368,7 @@ def plot(document: dict[str, Any], path: Path, title: str) -> bool:
         groups = list(dict.fromkeys(r["case"] for r in rows))
         names = list(dict.fromkeys(r["implementation"] for r in rows))
         series = {
-            LABELS.get(name, name): [
+            _label(document, name): [
                 next((r["tflops"] for r in rows if r["case"] == g and r["implementation"] == name), None)
                 for g in groups
             ]

@@ -11,12 +11,13 @@ update. Recipes, each on its own copy of the model:
   fused AdamW where the native optimizers are not built), update — no host sync;
 - ``ampkernels-graphed``: the ampkernels step captured whole with ``ampkernels.capture_step`` and replayed.
 
-Then a numerics run per model: 200 steps with overflows injected (the loss multiplied by inf on a few steps, through
-a device tensor so that the graph sees it too), dropout off, recording the loss and the scale of every step, for
-stock-fused, stock-foreach, ampkernels and ampkernels-graphed. Clipping makes bitwise equality impossible between
-any two implementations (the total norm is summed in another order, so the clip coefficient differs in its last
-bits); the scale history and the skipped steps must be identical, and ampkernels' loss must stay as close to
-stock-fused as stock-foreach does. On a CPU-only machine only the MLP runs (shrunk, eager, bf16).
+Then a numerics run (on every model with --full, on one by default): 200 steps with overflows injected (the loss
+multiplied by inf on a few steps, through a device tensor so that the graph sees it too), dropout off, recording the
+loss and the scale of every step, for stock-fused, stock-foreach, ampkernels and ampkernels-graphed. Clipping makes
+bitwise equality impossible between any two implementations (the total norm is summed in another order, so the clip
+coefficient differs in its last bits); the scale history and the skipped steps must be identical, and ampkernels'
+loss must stay as close to stock-fused as stock-foreach does. On a CPU-only machine only the MLP runs (shrunk, eager,
+bf16).
 """
 
 from __future__ import annotations
@@ -32,7 +33,15 @@ import torch
 
 import ampkernels
 from ampkernels import FusedGradScaler, capture_step
-from benchmarks.common import RunContext, format_table, free_device_memory, synchronize
+from benchmarks.common import (
+    RunContext,
+    format_table,
+    free_device_memory,
+    load_pyplot,
+    save_figure,
+    synchronize,
+    wrap_title,
+)
 
 NAME = "training"
 
@@ -153,7 +162,13 @@ def _make_step(recipe: str, model, loss_fn, device, dtype, scaler_settings: dict
     return step, scaler
 
 
-def _build(name: str, recipe: str, ctx: RunContext, dropout: float, scaler_settings: dict):
+def _build(name: str, recipe: str, ctx: RunContext, dropout: float, scaler_settings: dict, warmup: bool = True):
+    """The model, its step for ``recipe`` (captured for the graphed recipes) and its batches.
+
+    ``warmup``: run 3 eager steps on batch 0 first (compilation, lazily created state) before timing. The numerics
+    run passes False, so that its first step is the first training step of every recipe; a graphed step is then
+    compared as ``capture_step`` leaves it.
+    """
     make_model, loss_fn, _ = MODELS[name]
     torch.manual_seed(0)
     model, batch_of, description = make_model(ctx, dropout)
@@ -166,10 +181,10 @@ def _build(name: str, recipe: str, ctx: RunContext, dropout: float, scaler_setti
         return (*batch, torch.tensor(poison, device=ctx.device))
 
     if recipe.endswith("graphed"):
-        # Its 3 warmup steps train on batch 0, like the eager warmup. The batches carry no attention mask: without
-        # transformers_mask_skip the captured attention ran masked, BERT-base 107 ms against 52 ms eager.
+        # The batches carry no attention mask: without transformers_mask_skip the captured attention runs masked
+        # (BERT-base 107 ms against 52 ms eager on the H200, see ampkernels.cuda_graph.transformers_mask_skip).
         step = capture_step(step, *inputs(0), transformers_mask_skip=True)
-    else:
+    elif warmup:
         for _ in range(3):
             step(*inputs(0))
     return step, scaler, inputs, description
@@ -216,6 +231,9 @@ def _time_recipe(name: str, recipe: str, ctx: RunContext) -> dict[str, Any]:
 # ---- where the time goes (eager against graphed) ----
 
 PROFILE_MODELS = ("bert-base",)
+# NOTE (H200): a 200-step numerics run takes ~4 s per recipe on tiny-gpt2 against ~11 s on BERT-base and ~17 s on
+# the eager MLP (84 ms a step); the default run checks the numerics on the cheapest model that runs.
+DEFAULT_NUMERICS_MODELS = ("tiny-gpt2", "mlp-800")
 PROFILE_STEPS = 3
 
 
@@ -250,7 +268,7 @@ def _kernel_profile(name: str, recipe: str, ctx: RunContext, top: int = 12) -> d
 
 def _numerics_run(name: str, recipe: str, ctx: RunContext) -> dict[str, Any]:
     free_device_memory(ctx.device)
-    step, scaler, inputs, _ = _build(name, recipe, ctx, dropout=0.0, scaler_settings=NUMERICS_SCALER)
+    step, scaler, inputs, _ = _build(name, recipe, ctx, dropout=0.0, scaler_settings=NUMERICS_SCALER, warmup=False)
     losses, scales = [], []
     for i in range(1, NUMERICS_STEPS + 1):
         losses.append(step(*inputs(i, math.inf if i in OVERFLOW_STEPS else 1.0)).float().clone())
@@ -275,16 +293,22 @@ def _compare(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]
 # ---- the module interface ----
 
 
-def _jobs(models: list[str], recipes: list[str], numerics_recipes: list[str], cuda: bool) -> list[tuple]:
+def _jobs(
+    models: list[str], recipes: list[str], numerics_recipes: list[str], cuda: bool, full: bool = True
+) -> list[tuple]:
     """(kind, model, recipe) in run order: every eager job first, then the graphed ones, BERT-base's last. A device-side
-    assert loses the CUDA context for the rest of the process, so the riskiest jobs go where they can lose least."""
+    assert loses the CUDA context for the rest of the process, so the riskiest jobs go where they can lose least.
+
+    Not ``full``: the numerics run only for the first model of DEFAULT_NUMERICS_MODELS that runs here, and no kernel
+    profile."""
+    numerics_models = models if full else [name for name in DEFAULT_NUMERICS_MODELS if name in models][:1]
     eager, graphed = [], []
     for name in models:
         for recipe in recipes:
             (graphed if recipe.endswith("graphed") else eager).append(("time", name, recipe))
-        for recipe in numerics_recipes:
+        for recipe in numerics_recipes if name in numerics_models else ():
             (graphed if recipe.endswith("graphed") else eager).append(("numerics", name, recipe))
-        if cuda and name in PROFILE_MODELS:
+        if cuda and full and name in PROFILE_MODELS:
             eager.append(("profile", name, "ampkernels"))
             graphed.append(("profile", name, "ampkernels-graphed"))
     graphed.sort(key=lambda job: job[1] in PROFILE_MODELS)  # stable: BERT-base's graphed jobs last
@@ -296,7 +320,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     numerics_recipes = [r for r in NUMERICS_RECIPES if r in recipes]
     skipped = {name: why for name in MODELS if (why := _available(name, ctx)) is not None}
     models = [name for name in MODELS if name not in skipped]
-    jobs = _jobs(models, recipes, numerics_recipes, ctx.device.type == "cuda")
+    jobs = _jobs(models, recipes, numerics_recipes, ctx.device.type == "cuda", ctx.full)
     ctx.progress.reset(total=len(jobs))
     rows, profiles = [], {}
     runs: dict[str, dict[str, Any]] = {name: {} for name in models}
@@ -327,7 +351,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     order = {recipe: i for i, recipe in enumerate(RECIPES)}
     rows.sort(key=lambda row: (models.index(row["model"]), order[row["recipe"]]))
     numerics = {}
-    for name in models:
+    for name in (name for name in models if runs[name]):
         reference = runs[name].get("stock-fused")
         ordered = {recipe: runs[name][recipe] for recipe in NUMERICS_RECIPES if recipe in runs[name]}
         numerics[name] = {
@@ -401,19 +425,44 @@ def report(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(document: dict[str, Any], path: Path, title: str) -> bool:
-    try:
-        import matplotlib
+def summary(document: dict[str, Any]) -> list[str]:
+    """Per model: the ampkernels step, eager and graphed, against the stock recipe with torch's fused AdamW."""
+    lines = []
+    precision = "fp16" if document["mode"] == "gpu" else "bf16"  # as _build picks
+    for name in dict.fromkeys(row["model"] for row in document["rows"]):
+        by = {r["recipe"]: r for r in document["rows"] if r["model"] == name and "error" not in r}
+        if "stock-fused" not in by:
+            continue
+        parts = [
+            f"{label} {by[recipe]['speedup_over_stock_fused']:.2f}x"
+            for recipe, label in (("ampkernels", "eager"), ("ampkernels-graphed", "graphed"))
+            if recipe in by
+        ]
+        failed = [r["recipe"] for r in document["rows"] if r["model"] == name and "error" in r]
+        lines.append(
+            f"{name} training step vs stock {precision} AMP (fused AdamW, {by['stock-fused']['step_ms']:.3g} ms): "
+            + ", ".join(parts)
+            + (f" (failed: {', '.join(failed)})" if failed else "")
+        )
+    for name, info in document["numerics"].items():
+        for recipe, cmp in info["versus_stock"].items():
+            if recipe.startswith("ampkernels"):
+                lines.append(
+                    f"{name} {NUMERICS_STEPS}-step numerics, {recipe}: scale history "
+                    f"{'identical' if cmp['scale_history_equal'] else 'DIFFERS'} to stock"
+                )
+    return lines
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: {path.name} not drawn")
-        return False
+
+def plot(document: dict[str, Any], path: Path, title: str) -> bool:
     models = [name for name, info in document["numerics"].items() if info["runs"]]
     if not models:
         return False
-    figure, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 7), squeeze=False)
+    plt = load_pyplot(path)
+    if plt is None:
+        return False
+    width_in = 5.5 * len(models)
+    figure, axes = plt.subplots(2, len(models), figsize=(width_in, 7), squeeze=False, layout="constrained")
     for column, name in enumerate(models):
         for index, (recipe, run) in enumerate(document["numerics"][name]["runs"].items()):
             if "error" in run:
@@ -425,11 +474,11 @@ def plot(document: dict[str, Any], path: Path, title: str) -> bool:
         for step in OVERFLOW_STEPS:
             axes[1][column].axvline(step, color="grey", alpha=0.3, linewidth=0.8)
         axes[0][column].set_title(f"{name}: loss", fontsize=10)
-        axes[1][column].set_title(f"{name}: log2(scale); grey lines = injected overflows", fontsize=10)
+        axes[1][column].set_title(f"{name}: log2(scale)\ngrey lines: injected overflows", fontsize=10)
         axes[1][column].set_xlabel("step")
-        axes[0][column].legend(fontsize=8)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    ncol = min(len(labels), max(1, int(width_in // 1.9)))
+    figure.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=9)
+    figure.suptitle(wrap_title(title, width_in), fontsize=10)
+    save_figure(figure, path, dpi=110)
     return True

@@ -10,16 +10,21 @@ import os
 import platform
 import re
 import statistics
+import textwrap
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
 CPU_SMALL_NOTE = "cpu-small: sizes scaled down, not comparable to GPU figures"
+CPU_CACHE_NOTE = (
+    "on the CPU the scaled-down tensors fit in the caches, so rates above the copy bandwidth (measured on 64 MiB, "
+    "beyond the caches) are possible: no % of copy or x floor is given"
+)
 
 
 @dataclass
@@ -33,6 +38,7 @@ class RunContext:
     target_loop_s: float  # each timed loop runs enough iterations to last at least this long
     copy_bandwidth_gbs: float
     progress: Any  # a tqdm bar: the module sets its total and advances it
+    full: bool = False  # the complete sweep (--full) rather than the default subset
 
     @property
     def cpu_small(self) -> bool:
@@ -156,7 +162,7 @@ def _cpu_model() -> str:
 
 def environment_info(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device_type": device.type,
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -195,7 +201,9 @@ def describe_environment(environment: dict[str, Any]) -> str:
         )
     else:
         device = f"CPU {environment['cpu_model']} ({environment['torch_threads']} threads)"
-    versions = f"torch {environment['torch']} | triton {environment['triton']} | CUDA {environment['cuda']}"
+    versions = f"torch {environment['torch']} | triton {environment['triton']}"
+    if environment["device_type"] == "cuda":
+        versions += f" | CUDA {environment['cuda']}"
     return f"{device} | {versions} | {environment['date'][:10]}"
 
 
@@ -220,6 +228,34 @@ def format_table(headers: list[str], rows: list[list[str]], align: str) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)])
 
 
+def load_pyplot(path: Path) -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, or None (after saying so) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: {path.name} not drawn")
+        return None
+    return plt
+
+
+def wrap_title(title: str, width_in: float, fontsize: float = 10) -> str:
+    """``title`` broken into lines that fit ``width_in`` inches at ``fontsize`` points (existing breaks kept)."""
+    chars = max(30, int(width_in * 72 / (0.55 * fontsize)))
+    return "\n".join(textwrap.fill(line, chars) for line in title.split("\n"))
+
+
+def save_figure(figure: Any, path: Path, dpi: int = 120) -> None:
+    """Saves with ``bbox_inches="tight"``, so that titles and legends placed outside the axes are kept whole."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(figure)
+
+
 def plot_grouped_bars(
     path: Path,
     title: str,
@@ -233,49 +269,51 @@ def plot_grouped_bars(
 ) -> bool:
     """One panel per key of ``panels`` (``max_columns`` side by side): groups along x, one bar per series
     (``None``: no bar), log-scale y unless ``log_scale`` is False (values within one decade get no log ticks).
+    The legend goes below the panels, in as many columns as its longest label allows.
 
     Returns False, after saying so, when matplotlib is not installed.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        print(f"matplotlib is not installed: {path.name} not drawn")
+    plt = load_pyplot(path)
+    if plt is None:
         return False
+    import matplotlib.ticker
 
     columns = min(max_columns, len(panels))
     rows = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(panel_width * columns, 4.5 * rows))
-    axes = [axes] if len(panels) == 1 else list(axes.flat)
+    width_in = panel_width * columns
+    figure, axes = plt.subplots(rows, columns, figsize=(width_in, 4.5 * rows), layout="constrained", squeeze=False)
+    axes = list(axes.flat)
+    # A series keeps its colour in every panel; one with no value in a panel gets no slot there.
+    colours = {label: f"C{i}" for i, label in enumerate(dict.fromkeys(k for _, s in panels.values() for k in s))}
+    legend: dict[str, Any] = {}
     for axis, (panel_title, (groups, series)) in zip(axes, panels.items()):
-        bar_width = 0.8 / len(series)
+        series = {label: values for label, values in series.items() if any(v is not None for v in values)}
+        bar_width = 0.8 / max(1, len(series))
         for index, (label, values) in enumerate(series.items()):
             offset = (index - (len(series) - 1) / 2) * bar_width
             bars = [(group + offset, value) for group, value in enumerate(values) if value is not None]
             drawn = axis.bar(
-                [x for x, _ in bars], [value for _, value in bars], bar_width, label=label, color=f"C{index}"
+                [x for x, _ in bars], [value for _, value in bars], bar_width, label=label, color=colours[label]
             )
-            axis.bar_label(drawn, fmt="%.3g", fontsize=7)
+            axis.bar_label(drawn, fmt="%.3g", fontsize=7 if len(series) <= 4 else 6)
+            legend.setdefault(label, drawn)
         axis.set_xticks(range(len(groups)), groups, fontsize=tick_fontsize)
         if log_scale:
             axis.set_yscale("log")
             axis.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
             axis.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axis.set_ylabel(ylabel)
-        axis.set_title(panel_title, fontsize=10)
+        axis.set_title(wrap_title(panel_title, panel_width), fontsize=10)
         axis.grid(axis="y", which="both", alpha=0.3)
     for unused_axis in axes[len(panels) :]:
         unused_axis.set_visible(False)
-    handles, labels = axes[0].get_legend_handles_labels()
-    # One narrow panel has no room for the labels side by side.
-    legend_lines = 1 if columns * panel_width >= 13 else len(labels)
-    figure.legend(handles, labels, loc="lower center", ncol=len(labels) // legend_lines, fontsize=9)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout(rect=(0, (0.25 + 0.2 * legend_lines) / (4.5 * rows), 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    labels = [label for label in colours if label in legend]
+    handles = [legend[label] for label in labels]
+    if labels:
+        # About 0.07 in per character at 9 pt, plus the colour patch.
+        label_width_in = 0.07 * max(len(label) for label in labels) + 0.6
+        ncol = max(1, min(len(labels), int(width_in // label_width_in)))
+        figure.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=9)
+    figure.suptitle(wrap_title(title, width_in), fontsize=10)
+    save_figure(figure, path)
     return True

@@ -1,8 +1,8 @@
 """Parameter sets of the benchmarks, written out analytically (no transformers dependency).
 
-The shapes are those of ``named_parameters()`` of the models named in ``shared/REFERENCE.md``: tied weights appear
-once. ``shrink`` divides every width (hidden sizes, vocabularies, positions) but keeps the layer count, so a shrunken
-set keeps the tensor count that makes the host work per step; many-small instead keeps its 1024-element tensors and
+The shapes are those of ``named_parameters()`` of the models each function names (tied weights appear once).
+``shrink`` divides every width (hidden sizes, vocabularies, positions) but keeps the layer count, so a shrunken set
+keeps the tensor count that makes the host work per step; many-small instead keeps its 1024-element tensors and
 divides their count.
 """
 

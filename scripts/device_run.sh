@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call: build the extension for the GPU that is there, run the GPU tests and the benchmarks, and leave
-# logs and results under $OUT. Usage (device tool): bash scripts/device_run.sh [pytest args] -- [benchmark args]
+# On a GPU machine: build the extension for the GPU that is there, run the GPU tests and the benchmarks, and leave
+# logs and results under $OUT. Usage: bash scripts/device_run.sh [pytest args] -- [benchmark args]
 set -uo pipefail
 OUT=${OUT:-/tmp/ampkernels-device-out}
 mkdir -p "$OUT"

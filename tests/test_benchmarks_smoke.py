@@ -1,8 +1,10 @@
-"""The benchmark parameter sets match the models they stand for, and the runner works end to end at tiny size."""
+"""The benchmark parameter sets match the models they stand for, the runner picks the default subset or the full
+sweep, and every module works end to end at tiny size on the CPU."""
 
 import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +12,10 @@ import torch
 import ampkernels
 from benchmarks.param_sets import CPU_SHRINK, GRAD_MAGNITUDE, PARAM_SETS, make_params, num_params
 
-# (tensors, params) of named_parameters() of the models in shared/REFERENCE.md.
+GITIGNORE = Path(__file__).resolve().parents[1] / ".gitignore"
+
+# (tensors, params) of named_parameters() of BertForMaskedLM(BertConfig()), GPT2LMHeadModel(n_embd=1024, n_layer=24),
+# a Llama-shaped 1B model (hidden 2048, intermediate 5632, 22 layers, vocab 32000) and 10,000 tensors of 1024.
 EXPECTED_SIZES = {
     "bert-base": (202, 109_514_298),
     "gpt2-medium": (292, 354_823_168),
@@ -54,7 +59,67 @@ def test_runner_rejects_unknown_sets():
         parse_args(["--sets", "bert-base,no-such-set"])
 
 
-def test_runner_smoke(tmp_path):
+def test_default_run_is_the_subset_and_full_the_sweep():
+    pytest.importorskip("tqdm")
+    from benchmarks import __main__ as runner
+
+    default = runner.parse_args([])
+    assert not default.full and default.sets == list(runner.DEFAULT_SETS)
+    assert runner.selected_modules(default) == list(runner.DEFAULT_MODULES)
+    assert "bench_precision" not in runner.DEFAULT_MODULES
+
+    full = runner.parse_args(["--full"])
+    assert full.full and full.sets == list(PARAM_SETS)
+    assert runner.selected_modules(full) == list(runner.BENCHMARK_MODULES)
+    assert set(runner.DEFAULT_MODULES) < set(runner.BENCHMARK_MODULES)
+
+    assert runner.selected_modules(runner.parse_args(["--only", "precision"])) == ["bench_precision"]
+    assert runner.parse_args(["--full", "--sets", "llama-1b"]).sets == ["llama-1b"]
+    # User runs write outside the package, into a folder that .gitignore names.
+    assert not runner.DEFAULT_OUT.is_absolute() and "benchmarks" not in runner.DEFAULT_OUT.parts
+    assert any(line.strip("/") == runner.DEFAULT_OUT.name for line in GITIGNORE.read_text().splitlines())
+
+
+def test_default_subsets_of_training_and_scaled_matmul():
+    from benchmarks import bench_scaled_matmul, bench_training
+
+    models, recipes = list(bench_training.MODELS), list(bench_training.RECIPES)
+    numerics = list(bench_training.NUMERICS_RECIPES)
+    default = bench_training._jobs(models, recipes, numerics, cuda=True, full=False)
+    full = bench_training._jobs(models, recipes, numerics, cuda=True, full=True)
+    timed = {(model, recipe) for kind, model, recipe in default if kind == "time"}
+    assert timed == {(model, recipe) for model in models for recipe in recipes}
+    assert {model for kind, model, _ in default if kind == "numerics"} == {bench_training.DEFAULT_NUMERICS_MODELS[0]}
+    assert not any(kind == "profile" for kind, _, _ in default)
+    assert set(default) < set(full) and any(kind == "profile" for kind, _, _ in full)
+    cpu_default = bench_training._jobs(["mlp-800"], recipes[:3], numerics[:3], cuda=False, full=False)
+    assert {model for kind, model, _ in cpu_default if kind == "numerics"} == {"mlp-800"}
+
+    every_case = bench_scaled_matmul._cases(cpu_small=False)
+    default_cases = bench_scaled_matmul._cases(cpu_small=False, full=False)
+    assert len(default_cases) == len(bench_scaled_matmul.DEFAULT_CASES) and set(default_cases) < set(every_case)
+    assert bench_scaled_matmul._cases(cpu_small=True, full=False) == bench_scaled_matmul._cases(cpu_small=True)
+
+
+def test_grouped_bars_leave_out_empty_series(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.common import plot_grouped_bars
+
+    panels = {
+        "a": (["x", "y"], {"stock": [1.0, 2.0], "graphed": [None, None], "ours": [0.5, None]}),
+        "b": (["x"], {"stock": [None], "graphed": [None], "ours": [None]}),
+    }
+    assert plot_grouped_bars(tmp_path / "bars.png", "a title " * 40, panels, "ms")
+    assert (tmp_path / "bars.png").stat().st_size > 0
+
+
+def test_environment_date_is_utc():
+    from benchmarks.common import environment_info
+
+    assert environment_info(torch.device("cpu"))["date"].endswith("+00:00")
+
+
+def test_runner_smoke(tmp_path, capsys):
     pytest.importorskip("tqdm")
     try:
         from ampkernels import FusedGradScaler  # noqa: F401
@@ -65,6 +130,11 @@ def test_runner_smoke(tmp_path):
 
     args = ["--only", "grad_scaler", "--quick", "--sets", "many-small", "--shrink", "64", "--no-plot"]
     assert main([*args, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    summary = printed.split("== summary")[1]
+    assert "grad_scaler: many-small post-backward phase" in summary
+    if not torch.cuda.is_available():
+        assert "CUDA" not in printed and "GPU" not in printed.replace("not comparable to GPU figures", "")
 
     (json_path,) = tmp_path.glob("grad_scaler_*.json")
     assert not list(tmp_path.glob("*.png"))
@@ -93,7 +163,11 @@ def test_runner_smoke(tmp_path):
     assert all(row["wall_ms"] > 0 and row["x_floor"] > 0 and row["repeats"] == 3 for row in rows)
     assert [row["speedup_over_stock"] is None for row in rows] == [False] * 4 + [True] + [False] * len(phase)
     assert all(row["speedup_over_stock"] == 1.0 for row in rows if row["implementation"] == "stock")
-    assert "many-small" in bench_grad_scaler.report(document)
+    table = bench_grad_scaler.report(document)
+    assert "many-small" in table
+    if on_cpu:  # cache-resident sizes: no copy-bandwidth figures, and no GPU wording
+        header = table.splitlines()[0]
+        assert "x floor" not in header and "device ms" not in header and "CUDA" not in table
 
     if importlib.util.find_spec("matplotlib") is not None:
         png_path = tmp_path / "plot.png"
@@ -121,6 +195,7 @@ def test_training_benchmark_smoke(tmp_path):
         assert len(run["loss"]) == bench_training.NUMERICS_STEPS
         assert all(not math.isfinite(run["loss"][step - 1]) for step in bench_training.OVERFLOW_STEPS)
     assert "mlp-800" in bench_training.report(document)
+    assert any(line.startswith("mlp-800 training step") for line in bench_training.summary(document))
 
 
 def test_optimizers_benchmark_smoke(tmp_path):
@@ -136,4 +211,8 @@ def test_optimizers_benchmark_smoke(tmp_path):
     assert [row["implementation"] for row in rows] == ["stock-fused", "stock-foreach", "ampkernels"]
     assert all(row["wall_ms"] > 0 and 0 < row["pct_of_copy"] and row["num_tensors"] == 10_000 // 64 for row in rows)
     assert rows[0]["speedup_over_stock"] == 1.0
-    assert "many-small" in bench_optimizers.report(document)
+    table = bench_optimizers.report(document)
+    assert "many-small" in table
+    if document["mode"] == "cpu-small":
+        assert "% copy" not in table.splitlines()[0] and "x floor" not in table.splitlines()[0]
+    assert bench_optimizers.summary(document)[0].startswith("many-small AdamW step: FusedAdamW")

@@ -1,0 +1,264 @@
+"""Markdown result tables from the JSON files of ``python -m benchmarks``, so that every published figure comes from a
+run: ``python -m benchmarks.report benchmarks/published > benchmarks/README.md``.
+
+Reads ``<NAME>_<device>.json`` for every module (the first file per module, in name order), prints one section per
+module with the machine, the settings, the table, the notes and a link to the module's PNG where there is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MODULE_ORDER = ("precision", "grad_scaler", "optimizers", "training", "scaled_matmul")
+TITLES = {
+    "precision": "Training step by precision (FP32, TF32, FP16, BF16)",
+    "grad_scaler": "Post-backward phase: torch.amp.GradScaler against FusedGradScaler",
+    "optimizers": "AdamW step alone",
+    "training": "End-to-end fp16 AMP training steps",
+    "scaled_matmul": "scaled_matmul against cuBLAS",
+}
+DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def load(folder: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Module name -> (path, document) for the JSON files in ``folder``."""
+    found = {}
+    for path in sorted(folder.glob("*.json")):
+        document = json.loads(path.read_text())
+        name = document.get("benchmark")
+        if name in MODULE_ORDER and name not in found:
+            found[name] = (path, document)
+    return found
+
+
+def _speedup(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
+def grad_scaler(doc: dict[str, Any]) -> list[str]:
+    on_gpu = doc["mode"] == "gpu"
+    copy = doc["copy_bandwidth"]["gbs"]
+    lines = [
+        "| set | case | implementation | ms | GB/s" + (" (% of copy) | × floor" if on_gpu else "") + " | speedup |",
+        "|---|---|---|---:|---:|" + ("---:|" if on_gpu else "") + "---:|",
+    ]
+    for r in doc["rows"]:
+        rate = f"{r['gbs']:.0f} ({r['gbs'] / copy:.0%}) | {r['x_floor']:.2f}" if on_gpu else f"{r['gbs']:.0f}"
+        lines.append(
+            f"| {r['set']} | {r['case']} | {r['label']} | {_ms(r['wall_ms'])} | {rate} | "
+            f"{_speedup(r['speedup_over_stock'])} |"
+        )
+    return lines
+
+
+def optimizers(doc: dict[str, Any]) -> list[str]:
+    on_gpu = doc["mode"] == "gpu"
+    copy = doc["copy_bandwidth"]["gbs"]
+    lines = [
+        "| set | implementation | ms | GB/s" + (" | % of copy" if on_gpu else "") + " | speedup |",
+        "|---|---|---:|---:|" + ("---:|" if on_gpu else "") + "---:|",
+    ]
+    for r in doc["rows"]:
+        rate = f"{r['gbs']:.0f} | {r['gbs'] / copy:.0%}" if on_gpu else f"{r['gbs']:.0f}"
+        speedup = _speedup(r["speedup_over_stock"])
+        lines.append(f"| {r['set']} | {r['label']} | {_ms(r['wall_ms'])} | {rate} | {speedup} |")
+    return lines
+
+
+def training(doc: dict[str, Any]) -> list[str]:
+    lines = [
+        "| model | recipe | step ms | vs stock fused | vs stock foreach | peak GiB |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in doc["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['recipe']} | failed: {r['error'][:80]} | | | |")
+            continue
+        peak = "–" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:.2f}"
+        lines.append(
+            f"| {r['model']} | {r['recipe']} | {r['step_ms']:.2f} | {_speedup(r.get('speedup_over_stock_fused'))} | "
+            f"{_speedup(r.get('speedup_over_stock_foreach'))} | {peak} |"
+        )
+    numerics = [
+        f"- {name}, {len(next(iter(info['runs'].values()))['loss'])} steps with injected overflows, {recipe} against "
+        f"stock fused: scale history {'identical' if cmp['scale_history_equal'] else 'differs'}, largest relative "
+        f"loss difference {cmp['max_relative_loss_difference']:.1e}"
+        for name, info in doc.get("numerics", {}).items()
+        for recipe, cmp in info["versus_stock"].items()
+    ]
+    return lines + ([""] + numerics if numerics else [])
+
+
+def scaled_matmul(doc: dict[str, Any]) -> list[str]:
+    names = list(dict.fromkeys(r["implementation"] for r in doc["rows"]))
+    ours = [name for name in names if name not in ("cublas_mm", "cublas_then_scale")]
+    labels = {name: next(r["label"] for r in doc["rows"] if r["implementation"] == name) for name in names}
+    lines = [
+        "| dtype | M×N×K layout | "
+        + " | ".join(labels[name] for name in ("cublas_mm", "cublas_then_scale"))
+        + " | "
+        + " | ".join(f"{labels[name]} (× mm, × mm+scale)" for name in ours)
+        + " |",
+        "|---|---|" + "---:|" * len(names),
+    ]
+    cases: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in doc["rows"]:
+        cases.setdefault((r["dtype"], r["case"]), {})[r["implementation"]] = r
+    for (dtype, case), by in cases.items():
+        cells = [f"{by[name]['tflops']:.0f}" for name in ("cublas_mm", "cublas_then_scale")]
+        cells += [
+            f"{by[name]['tflops']:.0f} ({by[name]['vs_cublas_mm']:.2f}, {by[name]['vs_cublas_then_scale']:.2f})"
+            if name in by
+            else "–"
+            for name in ours
+        ]
+        lines.append(f"| {DTYPES.get(dtype, dtype)} | {case} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("TFLOP/s; in brackets the ratio to cuBLAS mm alone and to cuBLAS mm then `* scale`.")
+    lines.append("")
+    for s in doc["summary"]:
+        lines.append(
+            f"- geomean over {s['cases']} {s['dtype']} cases, {labels.get(s['implementation'], s['implementation'])}: "
+            f"{s['geomean_vs_cublas_mm']:.2f}× cuBLAS mm (min {s['min_vs_cublas_mm']:.2f}), "
+            f"{s['geomean_vs_cublas_then_scale']:.2f}× mm+scale"
+        )
+    return lines
+
+
+def precision(doc: dict[str, Any]) -> list[str]:
+    on_gpu = doc["mode"] == "gpu"
+    reference = doc["reference"]
+    lines = [
+        "| model | recipe | ms/step | peak GiB | × FP32 |"
+        + (" reference ms | reference GiB | reference × FP32 |" * on_gpu),
+        "|---|---|---:|---:|---:|" + ("---:|---:|---:|" * on_gpu),
+    ]
+    for r in doc["rows"]:
+        ref = reference["models"].get(r["model"], {})
+        ref_cells = ""
+        if on_gpu:
+            ref_ms, ref_gib = ref.get("ms", {}).get(r["recipe"]), ref.get("peak_gib", {}).get(r["recipe"])
+            ref_fp32 = ref.get("ms", {}).get("fp32")
+            ref_cells = (
+                f" {'–' if ref_ms is None else f'{ref_ms:.1f}'} | {'–' if ref_gib is None else f'{ref_gib:.2f}'} | "
+                f"{'–' if ref_ms is None or ref_fp32 is None else f'{ref_fp32 / ref_ms:.2f}×'} |"
+            )
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['label']} | failed: {r['error'][:80]} | | |{ref_cells}")
+            continue
+        peak = "–" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}"
+        lines.append(
+            f"| {r['model']} | {r['label']} | {r['step_ms']:.1f} | {peak} | {_speedup(r.get('speedup_over_fp32'))} |"
+            f"{ref_cells}"
+        )
+    lines.append("")
+    descriptions = {r["model"]: r["description"] for r in doc["rows"] if "description" in r}
+    lines += [f"- {name}: {description}" for name, description in descriptions.items()]
+    if on_gpu:
+        lines.append(f"- reference: {reference['label']} ({reference['setup']})")
+    lines += [f"- differs from the reference: {line}" for line in doc["differences_from_reference"]]
+    return lines
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "precision": precision,
+    "grad_scaler": grad_scaler,
+    "optimizers": optimizers,
+    "training": training,
+    "scaled_matmul": scaled_matmul,
+}
+
+
+def _machine(doc: dict[str, Any]) -> str:
+    env = doc["environment"]
+    if env["device_type"] == "cuda":
+        device = f"{env['device_name']} (sm {env['compute_capability']}, {env['multiprocessors']} SMs)"
+    else:
+        device = f"CPU {env['cpu_model']} ({env['torch_threads']} threads; sizes scaled down)"
+    settings = doc["settings"]
+    cuda = f", CUDA {env['cuda']}" if env["device_type"] == "cuda" else ""
+    return (
+        f"{device}; torch {env['torch']}, triton {env['triton']}{cuda}, Python {env['python']}; "
+        f"{env['date'][:10]}; {settings['repeats']} repeats per loop; copy bandwidth "
+        f"{doc['copy_bandwidth']['gbs']:.0f} GB/s (bytes read + written)"
+    )
+
+
+def render(folder: Path, relative_to: Path | None = None) -> str:
+    """The whole markdown document for the JSON (and PNG) files in ``folder``; links relative to ``relative_to``
+    (default: the folder's parent, where ``benchmarks/README.md`` lives)."""
+    relative_to = folder.parent if relative_to is None else relative_to
+    documents = load(folder)
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Generated by `python -m benchmarks.report` from the JSON files in `{folder.name}/`; do not edit by hand. "
+        "Every figure comes from one `python -m benchmarks` run per module, stock PyTorch "
+        "measured in the same run as ampkernels. Ratios are the figures to compare; absolute times drift by a few "
+        "percent between runs and machines.",
+        "",
+    ]
+    for name in MODULE_ORDER:
+        if name not in documents:
+            continue
+        path, doc = documents[name]
+        lines += [f"## {TITLES[name]}", "", f"`{path.name}`: {_machine(doc)}.", ""]
+        lines += RENDERERS[name](doc)
+        notes = doc.get("notes", [])
+        if "timing_note" in doc:
+            notes = [*notes, doc["timing_note"]]
+        if notes:
+            lines += [""] + [f"- {note}" for note in notes]
+        warnings = doc.get("warnings", [])
+        lines += [""] + [f"- {warning}" for warning in warnings] if warnings else []
+        png = path.with_suffix(".png")
+        if png.exists():
+            lines += ["", f"![{name}]({Path(os.path.relpath(png, relative_to)).as_posix()})"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def redraw(folder: Path) -> list[Path]:
+    """Draws each module's PNG again from its JSON in ``folder`` with the current plotting code."""
+    import importlib
+
+    from benchmarks.common import CPU_SMALL_NOTE, describe_environment
+
+    drawn = []
+    for name, (path, doc) in load(folder).items():
+        module = importlib.import_module(f"benchmarks.bench_{name}")
+        title = f"{name}: {describe_environment(doc['environment'])}"
+        if doc["mode"] != "gpu":
+            title += f"\n{CPU_SMALL_NOTE}"
+        if module.plot(doc, path.with_suffix(".png"), title):
+            drawn.append(path.with_suffix(".png"))
+    return drawn
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="folder of the JSON (and PNG) files, e.g. benchmarks/published")
+    parser.add_argument("--relative-to", type=Path, help="folder the image links start from (default: its parent)")
+    parser.add_argument("--redraw", action="store_true", help="draw the PNG files again from the JSON first")
+    args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        parser.error(f"{args.folder} is not a folder")
+    if args.redraw:
+        for path in redraw(args.folder):
+            print(f"drew {path}", file=sys.stderr)
+    sys.stdout.write(render(args.folder, args.relative_to))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
