@@ -257,10 +257,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Buckets for the group's parameters with a gradient (``exclude``: ids of parameters to leave out)."""
         name = type(self).__name__
         with_grad, watch = [], []
-        # Two entries over one memory would be stepped twice, racing in the parallel kernels; one gradient tensor
-        # read for two parameters means the model was not built as intended.
+        # Two entries over one memory would be stepped twice, racing in the parallel kernels. One gradient tensor
+        # shared by two parameters is fine, as in torch.optim: the kernels only read gradients.
         param_at: dict[tuple[torch.device, int], int] = {}
-        grad_at: dict[tuple[torch.device, int], int] = {}
         for i, p in enumerate(group["params"]):
             if p.numel() and param_at.setdefault((p.device, p.data_ptr()), i) != i:
                 raise ValueError(
@@ -283,11 +282,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if g.device != p.device:
                 raise RuntimeError(
                     f"{name}: parameter {i} of param group {index} is on {p.device} but its gradient on {g.device}"
-                )
-            if g.numel() and grad_at.setdefault((g.device, g.data_ptr()), i) != i:
-                raise ValueError(
-                    f"{name}: parameters {grad_at[(g.device, g.data_ptr())]} and {i} of param group {index} have "
-                    "the same gradient tensor (or gradients sharing memory); each parameter needs its own .grad"
                 )
             with_grad.append(p)
 
