@@ -53,3 +53,23 @@ def pytest_runtest_setup(item):
 def devices() -> list[str]:
     """The devices available here: ``["cpu"]`` plus ``"cuda"`` when a CUDA device is present."""
     return list(DEVICES)
+
+
+@pytest.fixture
+def fresh_caches():
+    """Forgets scaled_matmul's cached signatures, "auto" choices and launchers around the test, and empties the
+    measurement logs, so that a test reads only its own entries."""
+    from ampkernels import dispatch as ampkernels_dispatch
+    from ampkernels.matmul import api as sm_api
+    from ampkernels.matmul import dispatch as sm_dispatch
+
+    def clear():
+        sm_api.clear_caches()
+        sm_dispatch.AUTO_LOG.clear()
+        triton_sm = ampkernels_dispatch.triton_module("scaled_matmul")
+        if triton_sm is not None:
+            triton_sm.TUNING_LOG.clear()
+
+    clear()
+    yield
+    clear()

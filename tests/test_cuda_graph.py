@@ -347,10 +347,12 @@ def test_capture_leaves_the_training_state_untouched_and_replays_the_eager_run(k
     for a, b in zip(_state_of(graph_model, graph_opt, graph_scaler), initial):
         assert torch.equal(a, b)
 
+    # A replay draws its dropout masks from the generator's state at replay time, as an eager step does: replay
+    # first (capture_step left the generator at seed 7, offset 0), then rewind it for the eager run.
+    replayed = [graphed(x, y).clone() for x, y in batches[1:]]
     eager_step = _make_step(eager_model, eager_opt, eager_scaler)
     torch.cuda.manual_seed(7)
     eager = [eager_step(x, y).clone() for x, y in batches[1:]]
-    replayed = [graphed(x, y).clone() for x, y in batches[1:]]  # capture_step rewound the generator to seed 7
     torch.testing.assert_close(torch.stack(replayed), torch.stack(eager), rtol=0, atol=0, equal_nan=True)
     assert graph_scaler.get_scale() == eager_scaler.get_scale()
     for a, b in zip(graph_model.state_dict().values(), eager_model.state_dict().values(), strict=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scaled_matmul_helpers import (
+from scaled_matmul_helpers import (  # noqa: F401  (fresh_caches is a fixture)
     LOW,
     _check,
     _need_triton,
@@ -18,14 +18,6 @@ from scaled_matmul_helpers import (
 from ampkernels.matmul import api as sm_api
 from ampkernels.matmul import dispatch as sm_dispatch
 from ampkernels.scaled_matmul import scaled_matmul
-
-
-@pytest.fixture
-def fresh_caches():
-    """Forgets scaled_matmul's cached signatures, "auto" choices and launchers around the test."""
-    sm_api.clear_caches()
-    yield
-    sm_api.clear_caches()
 
 
 def test_cache_is_keyed_by_strides_and_dtype(device, fresh_caches):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scaled_matmul_helpers import (
+from scaled_matmul_helpers import (  # noqa: F401  (fresh_caches is a fixture)
     LOW,
     _assert_accuracy,
     _need_triton,
@@ -15,16 +15,7 @@ from scaled_matmul_helpers import (
     _triton_module,
 )
 
-from ampkernels.matmul import api as sm_api
 from ampkernels.scaled_matmul import scaled_matmul
-
-
-@pytest.fixture
-def fresh_caches():
-    """Forgets scaled_matmul's cached signatures, "auto" choices and launchers around the test."""
-    sm_api.clear_caches()
-    yield
-    sm_api.clear_caches()
 
 
 def test_candidates_fit_in_shared_memory():
