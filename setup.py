@@ -137,6 +137,9 @@ setup(
         "triton": ["triton"],
         "plot": ["matplotlib"],
         "bench": ["matplotlib", "tqdm"],
+        # The models of the training and precision benchmarks; apart from "bench" because torchvision pins the
+        # torch version it was built for, and installing it may replace the torch already there.
+        "models": ["transformers", "torchvision"],
         "test": ["pytest", "matplotlib", "tqdm"],
     },
     ext_modules=ext_modules,

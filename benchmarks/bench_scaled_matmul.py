@@ -126,10 +126,10 @@ def _available_backends(device: torch.device) -> list[str]:
     return found
 
 
-# NOTE (H200, dev/power_probe.py, 8192x4096x4096 bf16): the large products run at the board's 700 W cap, where the
-# SM clock settles near 1500 MHz within ~100 ms of sustained load; after an idle pause or a lighter kernel it boosts
-# toward 1980 MHz first (cuBLAS 0.363 ms in its first 100 ms after a pause, 0.412 ms from then on). A few ms of
-# warm-up would time a variant inside that transient, so that its figure depended on what ran before it. Every
+# NOTE (H200, dev/matmul/power_probe.py, 8192x4096x4096 bf16): the large products run at the board's 700 W cap, where
+# the SM clock settles near 1500 MHz within ~100 ms of sustained load; after an idle pause or a lighter kernel it boosts
+# toward 1980 MHz first (cuBLAS 0.363 ms in its first 100 ms after a pause, 0.412 ms from then on). A few ms of warm-up
+# would time a variant inside that transient, so that its figure depended on what ran before it. Every
 # variant is warmed up for WARMUP_MS of back-to-back runs and timed at the cap, as in a training step.
 WARMUP_MS, REP_MS = 250, 150
 

@@ -5,8 +5,8 @@
 # and $OUT/times.txt; JSON, PNG and the printed tables go to $OUT/results.tgz (one file: results/<job>/...); logs to
 # $OUT/*.log.
 # Usage: bash scripts/device_all.sh [TEST_LIMIT_S] [job:limit_s ...]
-#   jobs: default (python -m benchmarks), precision (--only precision), full (--full), or a module name
-#   (grad_scaler, optimizers, training, scaled_matmul: --only NAME). No job named: default:200 precision:140.
+#   jobs: default (python -m benchmarks), precision (--only precision), full (--full), a module name
+#   (grad_scaler, optimizers, training, scaled_matmul: --only NAME), or full-NAME (--only NAME --full). No job named: default:200 precision:140.
 #   TEST_LIMIT_S 0: no tests. TESTS="tests/test_a.py tests/test_b.py" runs only those test files (default: tests/).
 # NOTE (H200): the build takes ~75 s and the GPU tests ~170 s; the default run is estimated at ~160 s and the
 # precision table at ~60 s from the per-module times of the complete sweep. With the default limits (170 + 200 + 140
@@ -37,6 +37,7 @@ for entry in "${jobs[@]}"; do
   case $name in
     default) args=() ;;
     full) args=(--full) ;;
+    full-*) args=(--only "${name#full-}" --full) ;;
     *) args=(--only "$name") ;;
   esac
   mkdir -p "$OUT/results/$name"
