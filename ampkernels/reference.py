@@ -2,7 +2,7 @@
 
 Used by the tests (as the expected result) and by the fallback backend (when neither the native
 extension nor Triton can run). Each function states the exact math the kernels implement; see
-``dev/DESIGN.md`` for the shared metadata format.
+``dev/design.md`` for the shared metadata format.
 """
 
 from __future__ import annotations

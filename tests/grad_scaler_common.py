@@ -20,7 +20,7 @@ Stock = torch.amp.GradScaler
 STOCK_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 INF = math.inf
 FLOAT32_TINY = 2.0**-126
-CHUNK = 65536  # the multi-tensor chunk size of dev/DESIGN.md: sizes around it are the interesting ones
+CHUNK = 65536  # the multi-tensor chunk size of dev/design.md: sizes around it are the interesting ones
 # A float32 norm's relative error may be 2x that of torch's float32 norm, or up to this (~log2(n) ulps, n ~ 1e7).
 NORM_RTOL_FLOOR = 1e-6
 

@@ -15,7 +15,7 @@ from ampkernels import FusedGradScaler
 pytestmark = pytest.mark.gpu
 
 INF = math.inf
-CHUNK = 65536  # the multi-tensor chunk size of dev/DESIGN.md
+CHUNK = 65536  # the multi-tensor chunk size of dev/design.md
 # A float32 norm's relative error may be 2x that of torch's float32 norm, or up to this (~log2(n) ulps, n ~ 1e7).
 NORM_RTOL_FLOOR = 1e-6
 _BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}

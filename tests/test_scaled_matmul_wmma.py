@@ -156,7 +156,7 @@ def test_shapes_and_layouts(op, shape, dtype, layout):
 def test_every_tile_configuration(op, tile, layout, dtype, monkeypatch):
     if OPS[op] is None or (op == "wgmma" and not WGMMA_RUNS):
         pytest.skip(f"{op} cannot run here")
-    # The launchers read these variables on every call (dev knobs for dev/wmma/bench.py).
+    # The launchers read these variables on every call (dev knobs for dev/matmul/wmma/bench.py).
     monkeypatch.setenv(*tile)
     a = matrix(390, 264, dtype, layout[0])
     b = matrix(264, 520, dtype, layout[1])

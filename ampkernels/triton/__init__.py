@@ -27,8 +27,8 @@ def capturing() -> bool:
 def time_in_turns(runs: dict) -> dict:
     """Mean ms of each of ``runs`` (key -> callable, launching on the current device) over two passes of
     ``triton.testing.do_bench`` (L2 flushed before every run), the second pass in reverse order. NOTE (H200): the
-    GPU runs at its power cap and slows as it warms (dev/power_probe.py), so in one pass the first candidates had an
-    edge (8192^3: 1.42 ms first, the same kernel 1.58 in the benchmark); the reversed pass evens that out."""
+    GPU runs at its power cap and slows as it warms (dev/matmul/power_probe.py), so in one pass the first candidates
+    had an edge (8192^3: 1.42 ms first, the same kernel 1.58 in the benchmark); the reversed pass evens that out."""
     import triton.testing
 
     passes: dict = {key: [] for key in runs}
@@ -44,7 +44,7 @@ _RETAINED_FOR_GRAPHS: list[torch.Tensor] = []
 def retain_if_capturing(*tensors: torch.Tensor) -> None:
     """Keep ``tensors`` for the life of the process when a CUDA graph is being captured now: the graph reads them at
     every replay (a table's pinned upload source, its device copy) but holds no reference to them, and the table
-    may be rebuilt or evicted while the graph still replays (the C++ tables do the same: csrc/tensor_table.h)."""
+    may be rebuilt or evicted while the graph still replays (the C++ tables do the same: csrc/common/tensor_table.h)."""
     if capturing():
         _RETAINED_FOR_GRAPHS.extend(tensors)
 

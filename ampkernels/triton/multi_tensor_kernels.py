@@ -1,4 +1,4 @@
-"""Triton kernels of the multi-tensor AMP ops (see ``dev/DESIGN.md``); launched by ``ampkernels.triton.multi_tensor``.
+"""Triton kernels of the multi-tensor AMP ops (see ``dev/design.md``); launched by ``ampkernels.triton.multi_tensor``.
 
 * ``_unscale_reduce_kernel``: one launch per (dtype, alignment) group, persistent grid over the group's chunks; each
   chunk unscales (optionally in place), checks for non-finite inputs and reduces its norm partial into its own slot of

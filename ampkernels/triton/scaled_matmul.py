@@ -65,7 +65,7 @@ class Config:
 
 # NOTE: sm_90 shared memory is 227 KB per block: 128x256x64 bf16 is 48 KB a stage, so 3 stages plus a 128x128 store
 # buffer fit, 4 stages only with a 16-bit output split in two. The candidates follow tutorial 09's space
-# (128 x 128-256 x 64, 3-4 stages, 8 warps) plus the square-tile variants; see dev/scaled_matmul_tuning.md.
+# (128 x 128-256 x 64, 3-4 stages, 8 warps) plus the square-tile variants; see dev/matmul/tuning.md.
 HOPPER_TMA_CONFIGS = (
     Config(128, 256, 64, 3, 8, epilogue_split=2),
     Config(128, 256, 64, 3, 8, epilogue_split=2, flatten=True),
@@ -81,7 +81,8 @@ HOPPER_FEW_TILES_CONFIGS = (
 )
 # Tile counts that leave the last of a few waves partly idle (8192x768: 192 tiles of 128x256 on 132 SMs; 3072x768:
 # 72): the same tiles with that wave shared out by k-iterations are tuned besides. NOTE: H200, bf16, 128x256:
-# 3072x768x8192 0.0753 ms against 0.0871 plain; 8192x768x3072 0.0781 against 0.0765 (dev/streamk_probe.py).
+# 3072x768x8192 0.0753 ms against 0.0871 plain; 8192x768x3072 0.0781 against 0.0765 (dev/matmul/NOTES.md,
+# "Stream-K in the Triton TMA kernel").
 HOPPER_STREAM_K_CONFIGS = (
     Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True),
     Config(128, 128, 64, 4, 8, stream_k=True),
@@ -389,7 +390,7 @@ def _shared_bytes(cfg: Config, out_bytes: int, accumulate: bool = False, out_tma
     """Shared memory of the TMA kernel: the operand ring, one piece of the output tile staged for the store, and
     with a flattened loop that accumulates through TMA a second piece for the previous output, which is loaded
     ahead like the operands. Within the barrier margin above what Triton 3.6 allocates for sm_90 on every
-    candidate, for 16- and 32-bit outputs, accumulating or not (dev/triton_shared_probe.py, compiled offline).
+    candidate, for 16- and 32-bit outputs, accumulating or not (dev/matmul/tuning.md, compiled offline).
     Without the second piece, 128x128x64 s4 flat for fp32 out += a @ b looked like 192 KB; it takes 262,184 B, and
     the H200 rejected it and two more flattened candidates with OutOfResources. For pointer stores it is an upper
     bound: Triton stages no piece there unless the loop is flattened (128x256x64 s4 split2: 196,640 B, against
@@ -474,7 +475,7 @@ def choose_config(p: Problem, plan: Plan) -> Config:
 # NOTE: host time per call is what the small transformer shapes lose to cuBLAS (203 us for the public function
 # against torch.mm's 19 us at 256^3 on the H200 host, kernels 60-80 us). Everything that depends only on the key
 # below is computed once per key: plan, config (tuning), grid, constant arguments and, after the first launch,
-# the compiled kernel's own launcher. See dev/scaled_matmul_tuning.md for the measurements.
+# the compiled kernel's own launcher. See dev/matmul/tuning.md for the measurements.
 _LAUNCHERS: dict[tuple, _Launcher] = {}
 
 

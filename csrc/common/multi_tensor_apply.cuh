@@ -16,7 +16,7 @@ namespace cuda {
 constexpr int kThreads = 256;
 
 // Blocks for a launch over `chunks` chunks: one per chunk (the kernels loop over chunks, so a smaller grid would
-// stay correct). NOTE (H200, dev/unscale_probe.py and the benchmarks): faster than a persistent grid of the resident
+// stay correct). NOTE (H200, dev/scaler/NOTES.md and the benchmarks): faster than a persistent grid of the resident
 // blocks everywhere it was measured: unscale in place 97.7% against 91.0% of copy bandwidth (Llama-1B set, 16 loads a
 // thread), read-only 109% against 105%, FusedAdamW 93-95% against 91-93%.
 inline int64_t chunk_grid(int64_t chunks) { return std::min<int64_t>(chunks, std::numeric_limits<int32_t>::max()); }

@@ -1,5 +1,5 @@
 // The tensor table: launch metadata for a list of tensors, built once and reused while the list is unchanged.
-// Layout (dev/DESIGN.md): tensors grouped by dtype, each cut into chunks of kChunkSize elements; one packed int64
+// Layout (dev/design.md): tensors grouped by dtype, each cut into chunks of kChunkSize elements; one packed int64
 // tensor on the tensors' device holds addrs | numels | chunk_tensor | chunk_start | first_chunk | out_index.
 #pragma once
 

@@ -29,7 +29,7 @@ struct WgmmaSchedule {
 // The tile width whose waves cost least: waves x the width x its cost per column (every width takes the same
 // k-steps), 3% and 8% more for 192 and 128, which give the tensor cores less work per shared-memory byte (operand
 // reads of m64n256k16 39 B per 1K multiply-adds, n192 41.7, n128 46.9). AMPKERNELS_WGMMA_BN (read per call; a dev
-// knob) forces a width. NOTE (H200, bf16, dev/wgmma/NOTES.md): 8192^3 -> 256; 8192 x 768 -> 192 (256 tiles, 1.94
+// knob) forces a width. NOTE (H200, bf16, dev/matmul/wgmma/NOTES.md): 8192^3 -> 256; 8192 x 768 -> 192 (256 tiles, 1.94
 // waves, where 256 leaves 1.45); 3072 x 768 -> 192 (96 tiles for 132 SMs: 538-572 TFLOP/s against 465 for 72 of
 // 256). Stream-K over the idle SMs and 160-wide tiles (120 of them) were tried there and lost.
 inline WgmmaSchedule scaled_matmul_wgmma_schedule(int64_t M, int64_t N, int64_t sms) {

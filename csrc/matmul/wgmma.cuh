@@ -447,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_commit();
       // One group stays in flight; the one before it has finished reading its stage, which goes back. NOTE (H200,
-      // dev/wgmma/probe.py): handing every stage back as soon as its own group finished (wait 0, one more stage of
+      // dev/matmul/wgmma/probe.py): handing every stage back as soon as its own group finished (wait 0, one more stage of
       // prefetch) changed nothing (8192^3 bf16: 641-643 against 652-655 TFLOP/s): the ring is not what waits.
       wgmma_wait<1>();
       if (kt > 0 && t == 0) mbar_arrive(&empty[(it - 1) % S]);

@@ -106,7 +106,7 @@ bool try_tuned(Params& p, const DeviceInfo& info, int dev, cudaStream_t stream) 
 template <typename T>
 void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
   const DeviceInfo info = device_info(dev);
-  // NOTE: AMPKERNELS_WMMA_TILE forces a configuration (dev/wmma/bench.py, tests): auto (default), 128x128x32w4,
+  // NOTE: AMPKERNELS_WMMA_TILE forces a configuration (dev/matmul/wmma/bench.py, tests): auto (default), 128x128x32w4,
   // 128x128x64w4, 128x128x64w4db, portable.
   const char* forced = std::getenv("AMPKERNELS_WMMA_TILE");
   const std::string tile = forced != nullptr ? forced : "auto";
@@ -114,7 +114,7 @@ void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
     if (tile == "128x128x32w4" && try_tuned<T, CfgW>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4" && try_tuned<T, CfgX>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4db" && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
-    // auto, by waves of two blocks per SM. NOTE (H200, dev/wmma/NOTES.md run 3, bf16 TFLOP/s): 2 waves or more
+    // auto, by waves of two blocks per SM. NOTE (H200, dev/matmul/wmma/NOTES.md run 3, bf16 TFLOP/s): 2 waves or more
     // 128x128x64w4db (8192^3: 357 vs 302 single-buffered); 1-2 waves 128x128x64w4 (8192x768x3072: 247 vs 225);
     // fewer 128x128x32w4 (768x3072x8192, 144 tiles: 213 vs 160).
     const int64_t waves = num_tiles<CfgX>(p) / (2 * int64_t(info.sms));

@@ -1,5 +1,5 @@
 // Fused optimizer steps (Adam/AdamW, SGD): launch description shared by the CPU and CUDA kernels, and the
-// per-element math both use, so that the two backends round alike (dev/DESIGN.md, "Fused optimizers").
+// per-element math both use, so that the two backends round alike (dev/design.md, "Fused optimizers").
 #pragma once
 
 #include <ATen/ATen.h>

@@ -86,7 +86,7 @@ class AMPK_HIDDEN GradTable {
   // shortcut (skipping the pointer check for the same TensorImpl): it needs a weak reference per gradient, since a
   // freed TensorImpl's address can come back for the next step's gradient, and zero_grad(set_to_none=True), the
   // default, brings new TensorImpls every step; renewing the references costs 1.9 ms for 10k parameters there, where
-  // these checks take 0.55-0.73 ms (median, 2-core CPU machine, dev/NOTES.md).
+  // these checks take 0.55-0.73 ms (median, 2-core CPU machine, dev/scaler/NOTES.md).
   bool param_unchanged(int64_t i) const {
     const c10::TensorImpl* g = grad_impl(params_[i]);
     const int64_t slot = slot_[i];

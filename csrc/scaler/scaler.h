@@ -12,7 +12,7 @@
 
 namespace ampkernels {
 
-// One fused pass over every tensor of a table (dev/DESIGN.md, kernels 1 and 2):
+// One fused pass over every tensor of a table (dev/design.md, kernels 1 and 2):
 //   v = float(g) * fp32(1 / fp64(scale)) [* factor];  g = v if write;  found_inf = 1 if any g is non-finite;
 //   norm_out = ||v|| over all tensors; per_tensor_out[i] = ||v|| of tensor i; coef_out = min(max_norm/(norm+1e-6), 1).
 // Math in float32 (float64 for float64 tensors, norms included: their squares overflow float32 from 1e20); the
@@ -47,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> make_outputs(UnscaleReduceArgs& a
 void unscale_reduce_cuda(const TensorTable& table, const UnscaleReduceArgs& args);
 #endif
 
-// The loss-scale update (dev/DESIGN.md, kernel 3); equals torch._amp_update_scale_ with the default options.
+// The loss-scale update (dev/design.md, kernel 3); equals torch._amp_update_scale_ with the default options.
 struct UpdateScaleArgs {
   at::Tensor scale;               // float32 [1]
   at::Tensor growth_tracker;      // int32 [1]

@@ -1,4 +1,4 @@
-// Fused multi-tensor unscale + non-finite check + norm (dev/DESIGN.md, kernels 1 and 2).
+// Fused multi-tensor unscale + non-finite check + norm (dev/design.md, kernels 1 and 2).
 // c10 headers only: ATen/cuda/CUDAContext.h pulls in cuSPARSE/cuBLAS headers a minimal toolkit lacks.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -39,7 +39,7 @@ struct UnscaleOp {
   }
 };
 
-// 16-byte loads a thread issues before using any. NOTE (H200, dev/unscale_probe.py, Llama-1B set, fp32, one block
+// 16-byte loads a thread issues before using any. NOTE (H200, dev/scaler/NOTES.md, Llama-1B set, fp32, one block
 // per chunk, % of torch's copy_ in the same run): writing, 4 / 8 / 16 loads (a thread's whole share of the chunk)
 // 92.4 / 94.4 / 97.7%; read-only, 4 / 8 loads 109.1 / 108.4%.
 template <typename T, bool kWrite>

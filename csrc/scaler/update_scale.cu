@@ -1,4 +1,4 @@
-// Device-side loss-scale update (dev/DESIGN.md, kernel 3): one thread, no host synchronization.
+// Device-side loss-scale update (dev/design.md, kernel 3): one thread, no host synchronization.
 // c10 headers only: ATen/cuda/CUDAContext.h pulls in cuSPARSE/cuBLAS headers a minimal toolkit lacks.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>

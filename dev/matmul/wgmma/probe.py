@@ -1,4 +1,4 @@
-"""Probe of the wgmma scaled matmul (csrc/cuda/scaled_matmul_wgmma.cuh) on the GPU: correctness first (every layout
+"""Probe of the wgmma scaled matmul (csrc/matmul/wgmma.cuh) on the GPU: correctness first (every layout
 and tile width against a float64 reference, on shapes with edges), then TFLOP/s against torch.mm in the same
 process for the benchmark's layouts, per tile width (AMPKERNELS_WGMMA_BN) and the launcher's own choice.
 
