@@ -18,3 +18,21 @@ CHUNK = 16384
 # bandwidth, one program per chunk (dev/matmul/NOTES.md, "Triton on the 768-wide shapes"); 16384 has not been
 # measured there.
 TRITON_UNSCALE_CHUNK = 65536
+
+# Storage formats of the Adam moments (FusedAdam's exp_avg_dtype / exp_avg_sq_dtype; csrc/optim/blockwise.h).
+STATE_F32 = 0
+STATE_BF16 = 1
+STATE_Q8 = 2  # 8-bit codes + one power-of-two scale per block
+STATE_Q4 = 3  # 4-bit codes, two per byte along the last dimension, + one scale per block
+# Elements per quantization block, consecutive along the last dimension (so dim-0 sharding never splits a block).
+QUANT_BLOCK = 128
+# Tensors with fewer elements, or fewer than 2 dimensions, keep float32 moments (a negligible share of the state).
+QUANT_MIN_NUMEL = 4096
+# (exponent bits, mantissa bits) of each code's magnitude: the first moment is signed (one more bit), the second
+# unsigned and never rounded to zero (its smallest code stands for anything below it: see reference.py).
+QUANT_CODES = {
+    (STATE_Q8, False): (4, 3),
+    (STATE_Q8, True): (5, 3),
+    (STATE_Q4, False): (2, 1),
+    (STATE_Q4, True): (4, 0),
+}
