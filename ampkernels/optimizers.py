@@ -23,12 +23,81 @@ from typing import Any
 import torch
 
 from ampkernels import dispatch, reference
+from ampkernels._constants import QUANT_MIN_NUMEL, STATE_BF16, STATE_F32, STATE_Q4, STATE_Q8
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # Order of the state lists a bucket hands to its backend (csrc/optimizer.h, OptimizerList 1..5).
 _ADAM_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param", "step")
 _SGD_KEYS = ("momentum_buffer", None, None, "master_param", "step")
+# The same for the blockwise Adam step (low-precision moments or stochastic rounding; csrc/optim/blockwise.h).
+_BLOCKWISE_KEYS = (
+    "exp_avg",
+    "exp_avg_scale",
+    "exp_avg_sq",
+    "exp_avg_sq_scale",
+    "max_exp_avg_sq",
+    "master_param",
+    "step",
+)
+_MASTER_ROW = {len(_ADAM_KEYS): 3, len(_BLOCKWISE_KEYS): 5}
+
+# exp_avg_dtype / exp_avg_sq_dtype values -> (canonical value kept in the param group, storage format).
+_MOMENT_DTYPES = {
+    torch.float32: STATE_F32,
+    torch.bfloat16: STATE_BF16,
+    torch.uint8: STATE_Q8,
+    torch.uint4: STATE_Q4,
+}
+_MOMENT_ALIASES = {"8bit": torch.uint8, "4bit": torch.uint4, "float32": torch.float32, "bfloat16": torch.bfloat16}
+_QUANTIZED = (STATE_Q8, STATE_Q4)
+# A quantized moment's state entry names its code: state["exp_avg_code"] = "8bit" (checkpoints say what they hold).
+_CODE_NAMES = {STATE_Q8: "8bit", STATE_Q4: "4bit"}
+_CODE_FORMATS = {name: fmt for fmt, name in _CODE_NAMES.items()}
+_FORMAT_DTYPES = {STATE_F32: torch.float32, STATE_BF16: torch.bfloat16}
+
+
+def _moment_dtype(value: Any, name: str) -> torch.dtype | None:
+    """The canonical ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` of ``value`` (None: the default)."""
+    if value is None:
+        return None
+    dtype = _MOMENT_ALIASES.get(value, value) if isinstance(value, str) else value
+    if dtype not in _MOMENT_DTYPES:
+        raise ValueError(
+            f"{name} must be None, torch.float32, torch.bfloat16, torch.uint8 / '8bit' or torch.uint4 / '4bit', "
+            f"got {value!r}"
+        )
+    return dtype
+
+
+def _is_dtensor(t: Any) -> bool:
+    # DTensor (FSDP2's sharded parameters and gradients) wraps a local shard, which is what the kernels step.
+    return type(t).__name__ == "DTensor" and hasattr(t, "_local_tensor")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if _is_dtensor(t) else t
+
+
+def _shard_offset(p: torch.Tensor, where: str) -> int:
+    """Flat index in the full tensor of the first element of this rank's shard of ``p`` (0 for a plain tensor).
+    Only dim-0 sharding keeps a shard one contiguous range of the full tensor and every row whole."""
+    if not _is_dtensor(p):
+        return 0
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    for placement in p.placements:
+        if not (isinstance(placement, Replicate) or (isinstance(placement, Shard) and placement.dim == 0)):
+            raise ValueError(
+                f"{where}: low-precision state and stochastic rounding need parameters sharded on dim 0 (FSDP2's "
+                f"default) or replicated, got placements {p.placements}"
+            )
+    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    row = 1
+    for size in p.shape[1:]:
+        row *= size
+    return int(offset[0]) * row if offset else 0
 
 
 def _check_lr(lr: Any, where: str) -> None:
@@ -55,8 +124,8 @@ class _Bucket:
 
     device: torch.device
     grad_dtype: torch.dtype
-    params: list[torch.Tensor]
-    lists: list[list[torch.Tensor]]  # per _ADAM_KEYS / _SGD_KEYS entry: one tensor per parameter, or empty
+    params: list[torch.Tensor]  # what the kernels step: the parameters, or a DTensor parameter's local shard
+    lists: list[list[torch.Tensor]]  # per _ADAM_KEYS / _SGD_KEYS / _BLOCKWISE_KEYS entry: one per parameter, or []
     backend: str
     watch: list[torch.Tensor] = field(default_factory=list)  # params of the group without a gradient at build time
     table: Any = None  # ampkernels._C.OptimizerTable (native) or ampkernels.triton.optimizers.StepTable (triton)
@@ -64,6 +133,18 @@ class _Bucket:
     # the parameter from outside (model.load_state_dict, an in-place copy_ under no_grad) bumps the counter; the
     # next step then takes the parameter as the truth and copies it into the master first.
     versions: list[int] = field(default_factory=list)
+    # The blockwise step: per parameter (first format, second format, row length, salt, shard offset).
+    layout: list[tuple[int, int, int, int, int]] | None = None
+    # DTensor parameters whose local shards are ``params``: their gradients' shards are handed over every step.
+    sources: list[torch.Tensor] | None = None
+
+    @property
+    def masters(self) -> list[torch.Tensor]:
+        return self.lists[_MASTER_ROW[len(self.lists)]]
+
+    def hand_over_gradients(self) -> None:
+        for local, p in zip(self.params, self.sources, strict=True):
+            local.grad = None if p.grad is None else _local(p.grad)
 
     def still_valid(self) -> bool:
         """For the Python backends: the gradients are where the bucket was built for (native: checked in C++)."""
@@ -113,10 +194,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
                         f"{type(self).__name__}: parameter {i} of param group {index} has dtype "
                         f"{p.dtype}; the fused kernels take float32, float16 and bfloat16 parameters"
                     )
+            self._check_group(group, index)
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
         self._plans.clear()
+
+    def _check_group(self, group: dict[str, Any], index: int) -> None:
+        """Option checks of a subclass on a normalised param group (raise TypeError/ValueError)."""
 
     def resync_master_weights(self) -> None:
         """Copy every parameter into its float32 master copy (``master_weights=True``).
@@ -131,7 +216,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 for p in group["params"]:
                     master = self.state.get(p, {}).get("master_param")
                     if master is not None:
-                        master.copy_(p)
+                        master.copy_(_local(p))
         for plan in self._plans.values():
             for bucket in plan.buckets:
                 if bucket.versions:
@@ -154,15 +239,28 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._check_state_dict(state_dict)
         saved_groups = state_dict["param_groups"]
         saved_state = state_dict["state"]
+        # The state's storage options belong to this optimizer, not to the checkpoint: a state saved in another
+        # format is converted to this optimizer's (quantized, or decoded to float32) when its parameters step.
+        kept = [{key: group[key] for key in self._STORAGE_OPTIONS if key in group} for group in self.param_groups]
         super().load_state_dict(state_dict)
-        # torch casts every floating state tensor to its parameter's dtype; restore float32 where it was float32.
-        saved_ids = chain.from_iterable(g["params"] for g in saved_groups)
-        params = chain.from_iterable(g["params"] for g in self.param_groups)
-        for saved_id, p in zip(saved_ids, params, strict=True):
-            for key, value in saved_state.get(saved_id, {}).items():
-                if isinstance(value, torch.Tensor) and key != "step" and value.dtype == torch.float32:
-                    self.state[p][key] = value.to(p.device)
+        for group, options in zip(self.param_groups, kept, strict=True):
+            group.update(options)
+        # torch casts every floating state tensor to its parameter's dtype; restore the saved dtype (float32 master
+        # weights and moments of float16/bfloat16 parameters, bfloat16 moments of float32 parameters).
+        for saved, group in zip(saved_groups, self.param_groups, strict=True):
+            for saved_id, p in zip(saved["params"], group["params"], strict=True):
+                entry = saved_state.get(saved_id, {})
+                for key, value in entry.items():
+                    if isinstance(value, torch.Tensor) and key != "step" and value.is_floating_point():
+                        self.state[p][key] = value.to(_local(p).device)
+                self._decode_loaded(self.state[p], entry, saved, p)
         self._plans.clear()
+
+    #: Param-group options that say how the state is stored (kept by load_state_dict).
+    _STORAGE_OPTIONS: tuple[str, ...] = ()
+
+    def _decode_loaded(self, state: dict, saved: dict, saved_group: dict, p: torch.Tensor) -> None:
+        """Subclasses: turn loaded state of another storage format into one the next step converts from."""
 
     def _check_state_dict(self, state_dict: Any) -> None:
         """Errors that name the bad entry, before torch's load (which would fail later, or at the next step)."""
@@ -202,11 +300,17 @@ class _FusedOptimizer(torch.optim.Optimizer):
                         ok = ok or (isinstance(value, torch.Tensor) and value.numel() == 1)
                         if not ok:
                             raise TypeError(f"{where} must be a number or a 1-element tensor, got {value!r}")
-                    elif key in self._STATE_KEYS and value is not None:  # None: torch's SGD without momentum
-                        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-                            raise TypeError(f"{where} must be a floating-point tensor, got {type(value).__name__}")
-                        if value.shape != p.shape:
-                            raise ValueError(f"{where} has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}")
+                    elif value is not None:  # None: torch's SGD without momentum
+                        self._check_saved_tensor(key, value, entry, _local(p), saved, where)
+
+    def _check_saved_tensor(self, key: str, value: Any, entry: dict, p: torch.Tensor, group: dict, where: str) -> None:
+        """Checks one saved state entry of parameter (or local shard) ``p``, saved with param group ``group``."""
+        if key not in self._STATE_KEYS:
+            return
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise TypeError(f"{where} must be a floating-point tensor, got {type(value).__name__}")
+        if value.shape != p.shape:
+            raise ValueError(f"{where} has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}")
 
     # ---- state ----
 
@@ -243,8 +347,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             return None
         return self._state_tensor(state, "master_param", p, torch.float32, init=p.detach())
 
-    def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> list[torch.Tensor | None]:
-        """Creates or normalises ``self.state[p]``; returns its tensors in ``_STATE_KEYS`` order (None: absent)."""
+    def _init_state(self, p: torch.Tensor, group: dict[str, Any], blockwise: bool) -> list[torch.Tensor | None]:
+        """Creates or normalises ``self.state[p]`` (tensors shaped like ``p``'s local shard); returns its tensors in
+        ``_STATE_KEYS`` order, or ``_BLOCKWISE_KEYS`` order for the blockwise step (None: absent)."""
         raise NotImplementedError
 
     # ---- planning ----
@@ -261,16 +366,17 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # shared by two parameters is fine, as in torch.optim: the kernels only read gradients.
         param_at: dict[tuple[torch.device, int], int] = {}
         for i, p in enumerate(group["params"]):
-            if p.numel() and param_at.setdefault((p.device, p.data_ptr()), i) != i:
+            local = _local(p)
+            if local.numel() and param_at.setdefault((local.device, local.data_ptr()), i) != i:
                 raise ValueError(
-                    f"{name}: parameters {param_at[(p.device, p.data_ptr())]} and {i} of param group {index} are "
-                    "the same tensor (or share its memory); list each parameter once"
+                    f"{name}: parameters {param_at[(local.device, local.data_ptr())]} and {i} of param group "
+                    f"{index} are the same tensor (or share its memory); list each parameter once"
                 )
             if id(p) in exclude:
                 continue
             g = p.grad
             if g is None:
-                watch.append(p)
+                watch.append(local)
                 continue
             if g.is_sparse or g.layout != torch.strided:
                 raise RuntimeError(f"{name} does not support sparse gradients (parameter {i} of param group {index})")
@@ -279,32 +385,59 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     f"{name}: parameter {i} of param group {index} has a {g.dtype} gradient; "
                     "the fused kernels take float32, float16 and bfloat16 gradients"
                 )
-            if g.device != p.device:
+            if _local(g).device != local.device:
                 raise RuntimeError(
-                    f"{name}: parameter {i} of param group {index} is on {p.device} but its gradient on {g.device}"
+                    f"{name}: parameter {i} of param group {index} is on {local.device} but its gradient on "
+                    f"{_local(g).device}"
                 )
+            if _is_dtensor(p) != _is_dtensor(g):
+                raise RuntimeError(f"{name}: parameter {i} of param group {index}: a DTensor and a plain tensor")
             with_grad.append(p)
 
         grouped: dict[tuple, list[torch.Tensor]] = {}
         for p in with_grad:
-            grouped.setdefault((p.device, p.dtype, p.grad.dtype), []).append(p)
+            grouped.setdefault((_local(p).device, p.dtype, p.grad.dtype, _is_dtensor(p)), []).append(p)
         buckets = []
-        for (device, _, grad_dtype), params in grouped.items():
-            states = [self._init_state(p, group) for p in params]
-            lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(self._STATE_KEYS))]
+        for (device, dtype, grad_dtype, sharded), params in grouped.items():
+            blockwise = self._blockwise(group, dtype)
+            states = [self._init_state(p, group, blockwise) for p in params]
+            keys = _BLOCKWISE_KEYS if blockwise else self._STATE_KEYS
+            lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(keys))]
             backend = dispatch.select(self._KIND, device, self._requested_backend)
+            locals_ = [_local(p) for p in params]
             # Only the first bucket watches the group's gradient-less params: one check per step is enough.
-            bucket = _Bucket(device, grad_dtype, params, lists, backend, watch if not buckets else [])
-            if lists[3]:  # master weights: created from (or loaded for) the parameters as they are now
-                bucket.versions = [p._version for p in params]
+            bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch if not buckets else [])
+            if sharded:
+                bucket.sources = params
+                bucket.hand_over_gradients()
+            if bucket.masters:  # master weights: created from (or loaded for) the parameters as they are now
+                bucket.versions = [p._version for p in locals_]
+            if blockwise:
+                bucket.layout = [self._layout_of(p, group) for p in params]
             if backend == "native":
-                bucket.table = dispatch.native().OptimizerTable(self._KIND, params, lists, bucket.watch, grad_dtype)
+                native = dispatch.native()
+                if blockwise:
+                    bucket.table = native.BlockwiseAdamTable(locals_, lists, bucket.layout, bucket.watch, grad_dtype)
+                else:
+                    bucket.table = native.OptimizerTable(self._KIND, locals_, lists, bucket.watch, grad_dtype)
             elif backend == "triton":
-                from ampkernels.triton import optimizers as triton_optimizers
+                if blockwise:
+                    from ampkernels.triton import blockwise as triton_blockwise
 
-                bucket.table = triton_optimizers.StepTable(self._KIND, params, lists)
+                    bucket.table = triton_blockwise.BlockwiseStepTable(locals_, lists, bucket.layout)
+                else:
+                    from ampkernels.triton import optimizers as triton_optimizers
+
+                    bucket.table = triton_optimizers.StepTable(self._KIND, locals_, lists)
             buckets.append(bucket)
         return _Plan(tuple(group["params"]), self._options(group), buckets)
+
+    def _blockwise(self, group: dict[str, Any], dtype: torch.dtype) -> bool:
+        """Whether the group's parameters of ``dtype`` take the blockwise step (FusedAdam's storage options)."""
+        return False
+
+    def _layout_of(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[int, int, int, int, int]:
+        raise NotImplementedError
 
     def _plan(self, index: int, group: dict[str, Any], rebuild: bool = False) -> _Plan:
         plan = self._plans.get(index)
@@ -336,8 +469,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"ampkernels: argument 'lr': expected a 1-element float32 tensor, got {lr.dtype}")
         return 0.0, lr
 
-    def _hyper(self, group: dict[str, Any]) -> dict[str, Any]:
-        """The group's hyperparameters as the kernels take them."""
+    def _hyper(self, group: dict[str, Any], bucket: _Bucket) -> dict[str, Any]:
+        """The group's hyperparameters as the kernels of ``bucket`` take them."""
         raise NotImplementedError
 
     def _reference_step(self, bucket: _Bucket, grads, lr, grad_scale, found_inf, hyper: dict[str, Any]) -> None:
@@ -345,7 +478,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _launch(self, bucket: _Bucket, group: dict[str, Any], lr, lr_tensor, grad_scale, found_inf) -> bool:
         """Steps one bucket; False (nothing written) when its gradients no longer match the bucket."""
-        hyper = self._hyper(group)
+        hyper = self._hyper(group, bucket)
+        if bucket.sources is not None:
+            bucket.hand_over_gradients()
         if bucket.versions:
             self._resync_loaded(bucket)
         step = getattr(bucket.table, f"step_{self._KIND}") if bucket.backend != "torch" else None
@@ -369,7 +504,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         versions = [p._version for p in bucket.params]
         if versions == bucket.versions:
             return
-        masters = bucket.lists[3]
+        masters = bucket.masters
         for p, master, old, new in zip(bucket.params, masters, bucket.versions, versions, strict=True):
             if old != new:
                 master.copy_(p)
@@ -459,14 +594,32 @@ class FusedAdam(_FusedOptimizer):
             outside (``model.load_state_dict``, ``p.copy_`` under no_grad: anything that bumps ``p._version``) is
             copied into its master at the next step; after writes through ``p.data``, and for a step captured
             in a CUDA graph (replays run no Python), call :meth:`resync_master_weights`.
+        exp_avg_dtype, exp_avg_sq_dtype: how the first and second moments are stored (names as TransformerEngine's
+            FusedAdam): None (default: as above), ``torch.float32``, ``torch.bfloat16`` (rounded to nearest),
+            ``torch.uint8`` or "8bit" (8-bit block floating point: 1.02 B per element), ``torch.uint4`` or "4bit"
+            (4-bit: 0.51 B per element). Quantized moments are decoded, updated in float32 and encoded again in
+            the same pass; codes and layout in ``ampkernels.reference`` (blocks of 128 along the last dimension,
+            so dim-0 sharding never splits one). Tensors with fewer than 2 dimensions or 4096 elements keep
+            float32 moments. With float16 parameters, a moment left at None is float32 when the other is set.
+        stochastic_rounding: round updated bfloat16 parameters to bfloat16 stochastically (unbiased: up with the
+            probability of the distance to the lower value) instead of to nearest, so that updates far below a
+            bfloat16 ulp still add up without a float32 master copy. The random bits are a counter-based stream of
+            (``seed``, the parameter's index in the optimizer, its step count, the element's index in the full
+            tensor): reproducible, independent of the backend and launch, and of how FSDP2 shards the parameter.
+            Float32 parameters are unaffected; float16 parameters are refused.
+        seed: the stream's seed, an int in [0, 2**63); default ``torch.initial_seed() % 2**63``.
         backend: "native", "triton" or "torch"; default: the best available (``python -m ampkernels.info``).
         foreach, capturable, fused: accepted for compatibility with torch.optim.Adam and ignored (the step is always
             fused and capturable).
         differentiable: must be False.
+
+    FSDP2 (``fully_shard``) parameters are stepped on their local shards, with the same results bit for bit as
+    the unsharded parameters get (the state of a shard is the shard of the state).
     """
 
     _KIND = "adam"
     _STATE_KEYS = _ADAM_KEYS
+    _STORAGE_OPTIONS = ("exp_avg_dtype", "exp_avg_sq_dtype", "stochastic_rounding")
 
     def __init__(
         self,
@@ -480,6 +633,10 @@ class FusedAdam(_FusedOptimizer):
         maximize: bool = False,
         decoupled_weight_decay: bool = False,
         master_weights: bool = False,
+        exp_avg_dtype: torch.dtype | str | None = None,
+        exp_avg_sq_dtype: torch.dtype | str | None = None,
+        stochastic_rounding: bool = False,
+        seed: int | None = None,
         backend: str | None = None,
         foreach: bool | None = None,
         capturable: bool | None = None,
@@ -513,24 +670,209 @@ class FusedAdam(_FusedOptimizer):
             maximize=maximize,
             decoupled_weight_decay=decoupled_weight_decay,
             master_weights=master_weights,
+            exp_avg_dtype=exp_avg_dtype,
+            exp_avg_sq_dtype=exp_avg_sq_dtype,
+            stochastic_rounding=stochastic_rounding,
+            seed=torch.initial_seed() % 2**63 if seed is None else seed,
         )
         super().__init__(params, defaults, backend)
 
+    # ---- storage options ----
+
+    def _check_group(self, group, index):
+        where = f"{type(self).__name__}: param group {index}"
+        for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+            group[key] = _moment_dtype(group.get(key), f"{where}: {key}")
+        seed = group.get("seed")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"{where}: seed must be an int in [0, 2**63), got {seed!r}")
+        if group["amsgrad"] and _MOMENT_DTYPES.get(group["exp_avg_sq_dtype"]) in _QUANTIZED:
+            raise ValueError(f"{where}: amsgrad needs a float32 or bfloat16 exp_avg_sq_dtype, not a quantized one")
+        if group["stochastic_rounding"]:
+            if group["master_weights"]:
+                raise ValueError(
+                    f"{where}: stochastic_rounding and master_weights exclude each other (stochastic rounding is "
+                    "what replaces the float32 master copy)"
+                )
+            for i, p in enumerate(group["params"]):
+                if p.dtype == torch.float16:
+                    raise TypeError(
+                        f"{where}: parameter {i} is float16; stochastic_rounding rounds bfloat16 parameters "
+                        "(use master_weights=True for float16)"
+                    )
+
+    def _format(self, p: torch.Tensor, group: dict[str, Any], key: str) -> int:
+        """Storage format (``_constants.STATE_*``) of moment ``key`` of parameter ``p`` in the blockwise step."""
+        dtype = group[key]
+        if dtype is None:  # the default of the fused step: the state dtype, float32 where that is float16
+            dtype = self._state_dtype(p, group)
+            dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        fmt = _MOMENT_DTYPES[dtype]
+        if fmt in _QUANTIZED:
+            if p.dim() < 2 or p.numel() < QUANT_MIN_NUMEL:
+                return STATE_F32
+            if not _local(p).is_contiguous():
+                raise ValueError(
+                    f"{type(self).__name__}: {key}={dtype} needs contiguous parameters (blocks run along the "
+                    f"last dimension); got one of shape {tuple(p.shape)} with strides {_local(p).stride()}"
+                )
+        return fmt
+
+    def _blockwise(self, group, dtype):
+        if group["stochastic_rounding"] and dtype == torch.bfloat16:
+            return True
+        state_dtype = torch.float32 if group["master_weights"] and dtype != torch.float32 else dtype
+        # Anything else than "both moments in the state dtype" takes the blockwise step.
+        return any(group[key] not in (None, state_dtype) for key in ("exp_avg_dtype", "exp_avg_sq_dtype"))
+
+    def _salt(self, p: torch.Tensor) -> int:
+        """The parameter's index in the optimizer: the same on every rank, keying its rounding stream."""
+        for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups)):
+            if q is p:
+                return i
+        raise KeyError("parameter not in the optimizer")
+
+    def _layout_of(self, p, group):
+        local = _local(p)
+        fmt_m, fmt_v = self._format(p, group, "exp_avg_dtype"), self._format(p, group, "exp_avg_sq_dtype")
+        quantized = fmt_m in _QUANTIZED or fmt_v in _QUANTIZED
+        cols = local.shape[-1] if quantized else local.numel()
+        offset = _shard_offset(p, type(self).__name__) if group["stochastic_rounding"] else 0
+        return (fmt_m, fmt_v, cols, self._salt(p), offset)
+
     def _options(self, group):
-        return (bool(group["amsgrad"]), bool(group["master_weights"]))
+        return (
+            bool(group["amsgrad"]),
+            bool(group["master_weights"]),
+            group["exp_avg_dtype"],
+            group["exp_avg_sq_dtype"],
+            bool(group["stochastic_rounding"]),
+        )
 
-    def _init_state(self, p, group):
+    # ---- state ----
+
+    def _moment(self, state: dict, key: str, p: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``state[key]`` in format ``fmt`` and its block exponents (an empty uint8 tensor when not quantized),
+        created as zeros or converted from a loaded float tensor."""
+        scale_key, code_key = f"{key}_scale", f"{key}_code"
+        value, scales = state.get(key), state.get(scale_key)
+        held = _CODE_FORMATS.get(state.get(code_key))
+        if held is not None and held != fmt:  # stored in another code (the option changed): decode it first
+            value = reference.dequantize_blockwise(value, scales, held, key == "exp_avg_sq", p.shape)
+            state[key] = value
+            for k in (scale_key, code_key):
+                state.pop(k, None)
+        if fmt not in _QUANTIZED:
+            value = self._state_tensor(state, key, p, _FORMAT_DTYPES[fmt])
+            return value, torch.empty(0, dtype=torch.uint8, device=p.device)
+        codes_shape, scales_shape = reference.quant_layout(p.shape, fmt)
+        state[code_key] = _CODE_NAMES[fmt]
+        if value is None:
+            value = torch.zeros(codes_shape, dtype=torch.uint8, device=p.device)
+            scales = torch.zeros(scales_shape, dtype=torch.uint8, device=p.device)
+        elif value.dtype != torch.uint8:  # a float moment (torch's, or a float32 FusedAdam's): quantize it
+            value, scales = reference.quantize_blockwise(value.to(p.device, torch.float32), fmt, key == "exp_avg_sq")
+        else:
+            value, scales = value.to(p.device), scales.to(p.device)
+        state[key], state[scale_key] = value, scales
+        return value, scales
+
+    def _init_state(self, p, group, blockwise):
         state = self.state[p]
-        dtype = self._state_dtype(p, group)
-        exp_avg = self._state_tensor(state, "exp_avg", p, dtype)
-        exp_avg_sq = self._state_tensor(state, "exp_avg_sq", p, dtype)
-        max_sq = self._state_tensor(state, "max_exp_avg_sq", p, dtype) if group["amsgrad"] else None
-        master = self._master_tensor(state, p, group)
-        return [exp_avg, exp_avg_sq, max_sq, master, self._step_tensor(state, p)]
+        local = _local(p)
+        master = self._master_tensor(state, local, group)
+        step = self._step_tensor(state, local)
+        if not blockwise:
+            dtype = self._state_dtype(local, group)
+            exp_avg = self._state_tensor(state, "exp_avg", local, dtype)
+            exp_avg_sq = self._state_tensor(state, "exp_avg_sq", local, dtype)
+            max_sq = self._state_tensor(state, "max_exp_avg_sq", local, dtype) if group["amsgrad"] else None
+            return [exp_avg, exp_avg_sq, max_sq, master, step]
+        fmt_m, fmt_v = self._format(p, group, "exp_avg_dtype"), self._format(p, group, "exp_avg_sq_dtype")
+        exp_avg, exp_avg_scale = self._moment(state, "exp_avg", local, fmt_m)
+        exp_avg_sq, exp_avg_sq_scale = self._moment(state, "exp_avg_sq", local, fmt_v)
+        max_sq = None
+        if group["amsgrad"]:
+            max_sq = self._state_tensor(state, "max_exp_avg_sq", local, _FORMAT_DTYPES[fmt_v])
+        return [exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, max_sq, master, step]
 
-    def _hyper(self, group):
+    def _check_saved_tensor(self, key, value, entry, p, group, where):
+        if key in ("exp_avg_code", "exp_avg_sq_code"):
+            if value not in _CODE_FORMATS:
+                raise ValueError(f"{where} must be '8bit' or '4bit', got {value!r}")
+            return
+        if key in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"):
+            moment = key.removesuffix("_scale")
+            codes = entry.get(moment)
+            if isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8:
+                fmt = _CODE_FORMATS.get(entry.get(f"{moment}_code"))
+                if fmt is None:
+                    raise ValueError(
+                        f"{where}: uint8 codes need '{moment}_code' set to '8bit' or '4bit', got "
+                        f"{entry.get(f'{moment}_code')!r}"
+                    )
+                codes_shape, scales_shape = reference.quant_layout(p.shape, fmt)
+                expected = scales_shape if key.endswith("_scale") else codes_shape
+                if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
+                    raise TypeError(f"{where} must be a uint8 tensor, got {value!r:.80}")
+                if tuple(value.shape) != tuple(expected):
+                    raise ValueError(f"{where} has shape {tuple(value.shape)}, expected {tuple(expected)}")
+                if not isinstance(entry.get(f"{moment}_scale"), torch.Tensor):
+                    raise KeyError(f"{where}: quantized '{moment}' without its '{moment}_scale' block exponents")
+                return
+            if key.endswith("_scale"):
+                raise ValueError(f"{where}: block exponents without quantized '{moment}' codes")
+        super()._check_saved_tensor(key, value, entry, p, group, where)
+
+    def _decode_loaded(self, state, saved, saved_group, p):
+        """Quantized moments saved in another format than this optimizer stores them in are decoded to float32
+        here (and quantized again, if so configured, when the parameter steps); the same format loads as is."""
+        group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
+        for key in ("exp_avg", "exp_avg_sq"):
+            codes = saved.get(key)
+            if not (isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8):
+                continue
+            fmt = _CODE_FORMATS[saved[f"{key}_code"]]
+            if self._blockwise(group, p.dtype) and self._format(p, group, f"{key}_dtype") == fmt:
+                continue
+            local = _local(p)
+            state[key] = reference.dequantize_blockwise(
+                codes.to(local.device), saved[f"{key}_scale"].to(local.device), fmt, key == "exp_avg_sq", local.shape
+            )
+            for k in (f"{key}_scale", f"{key}_code"):
+                state.pop(k, None)
+
+    def state_dict(self, dequantize: bool = False) -> dict[str, Any]:
+        """As torch's; quantized moments are saved as their codes and block exponents (the compact state), or with
+        ``dequantize=True`` decoded to float32, which torch.optim.Adam/AdamW load."""
+        sd = super().state_dict()
+        if not dequantize:
+            return sd
+        params = chain.from_iterable(g["params"] for g in self.param_groups)
+        ids = chain.from_iterable(g["params"] for g in sd["param_groups"])
+        for saved_id, p in zip(ids, params, strict=True):
+            entry = sd["state"].get(saved_id)
+            if entry is None:
+                continue
+            entry = sd["state"][saved_id] = dict(entry)
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = entry.get(key)
+                if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
+                    fmt = _CODE_FORMATS[entry.pop(f"{key}_code")]
+                    entry[key] = reference.dequantize_blockwise(
+                        value, entry.pop(f"{key}_scale"), fmt, key == "exp_avg_sq", _local(p).shape
+                    )
+        for g in sd["param_groups"]:
+            for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+                if _MOMENT_DTYPES.get(g.get(key)) in _QUANTIZED:
+                    g[key] = torch.float32
+        return sd
+
+    # ---- the step ----
+
+    def _hyper(self, group, bucket):
         beta1, beta2 = group["betas"]
-        return dict(
+        hyper = dict(
             beta1=float(beta1),
             beta2=float(beta2),
             eps=float(group["eps"]),
@@ -539,8 +881,32 @@ class FusedAdam(_FusedOptimizer):
             maximize=bool(group["maximize"]),
             decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
         )
+        if bucket.layout is not None:
+            hyper.update(stochastic_rounding=bool(group["stochastic_rounding"]), seed=int(group["seed"]))
+        return hyper
 
     def _reference_step(self, bucket, grads, lr, grad_scale, found_inf, hyper):
+        if bucket.layout is not None:
+            exp_avgs, exp_avg_scales, exp_avg_sqs, exp_avg_sq_scales, max_sqs, masters, steps = bucket.lists
+            reference.adam_step_blockwise(
+                bucket.params,
+                grads,
+                exp_avgs,
+                exp_avg_scales,
+                exp_avg_sqs,
+                exp_avg_sq_scales,
+                max_sqs,
+                steps,
+                formats=[(fmt_m, fmt_v) for fmt_m, fmt_v, *_ in bucket.layout],
+                salts=[salt for *_, salt, _ in bucket.layout],
+                offsets=[offset for *_, offset in bucket.layout],
+                lr=lr,
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+                master_params=masters,
+                **hyper,
+            )
+            return
         exp_avgs, exp_avg_sqs, max_sqs, masters, steps = bucket.lists
         reference.adam_step(
             bucket.params,
@@ -574,6 +940,10 @@ class FusedAdamW(FusedAdam):
         *,
         maximize: bool = False,
         master_weights: bool = False,
+        exp_avg_dtype: torch.dtype | str | None = None,
+        exp_avg_sq_dtype: torch.dtype | str | None = None,
+        stochastic_rounding: bool = False,
+        seed: int | None = None,
         backend: str | None = None,
         foreach: bool | None = None,
         capturable: bool | None = None,
@@ -590,6 +960,10 @@ class FusedAdamW(FusedAdam):
             maximize=maximize,
             decoupled_weight_decay=True,
             master_weights=master_weights,
+            exp_avg_dtype=exp_avg_dtype,
+            exp_avg_sq_dtype=exp_avg_sq_dtype,
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
             backend=backend,
             foreach=foreach,
             capturable=capturable,
@@ -661,8 +1035,9 @@ class FusedSGD(_FusedOptimizer):
     def _options(self, group):
         return (group["momentum"] != 0, bool(group["master_weights"]))
 
-    def _init_state(self, p, group):
+    def _init_state(self, p, group, blockwise):
         state = self.state[p]
+        p = _local(p)
         master = self._master_tensor(state, p, group)
         if group["momentum"] == 0:
             return [None, None, None, master, None]
@@ -672,7 +1047,7 @@ class FusedSGD(_FusedOptimizer):
         step = self._step_tensor(state, p, default=1.0 if had_buffer else 0.0)
         return [buf, None, None, master, step]
 
-    def _hyper(self, group):
+    def _hyper(self, group, bucket):
         return dict(
             momentum=float(group["momentum"]),
             dampening=float(group["dampening"]),

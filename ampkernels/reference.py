@@ -373,9 +373,10 @@ def sgd_step(
 #                            4 bits = sign + E2M1 (0, 0.125, 0.25, 0.375, 0.5, 0.75, 1, 1.5: FP4 as in MXFP4)
 #   second moment (>= 0):    8 bits = E5M3 (range 2^-33 .. 1.875)
 #                            4 bits = E4M0 (powers of two 2^-14 .. 1)
-# Codes are rounded to nearest (ties away from zero); zero has one code (no sign). The second moment is never rounded to zero: a value below the
-# smallest non-zero code is stored as that code (it only ever overstates the denominator, which shortens that
-# element's step; a zero would turn the step into m / eps, the "zero-point problem" of 4-bit Adam, Li et al. 2023).
+# Codes are rounded to nearest (ties away from zero); zero has one code (no sign). The second moment is never
+# rounded to zero: a value below the smallest non-zero code is stored as that code (it only ever overstates the
+# denominator, which shortens that element's step; a zero would turn the step into m / eps, the "zero-point
+# problem" of 4-bit Adam, Li et al. 2023).
 # A block of zeros decodes to zeros. Codes of 4 bits are packed two per byte along the last dimension (element 2j
 # in the low nibble of byte j); a row of odd length ends in a zero high nibble.
 
