@@ -1,0 +1,201 @@
+"""FusedAdamW's low-precision state under FSDP2 (fully_shard): 2 ranks with gloo on the CPU (always), with NCCL on 2
+GPUs (when present).
+
+Each rank trains its half of every global batch with the model sharded along dim 0; after every step the full
+parameters (``p.full_tensor()``) must equal, bit for bit, those of one unsharded model stepped by the same optimizer
+on the same global batch. The unsharded run sums the two half-batch gradients and halves them, which is what FSDP2's
+averaging reduce-scatter computes exactly (a sum of two and a division by 2 are exact up to rounding once); the
+gradients are compared first, so that a mismatch there is the harness's and one after it the optimizer's.
+
+What must survive sharding: which tensors get quantized moments (decided on the global numel), blocks along the
+last dimension (dim-0 shards never split one, also for an odd number of rows), and the stochastic-rounding stream
+(keyed by the parameter's index in the optimizer and the element's flat index in the full tensor).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from ampkernels import FusedAdamW
+from benchmarks.models import RMSNorm
+
+WORLD = 2
+STEPS = 5
+GLOBAL_BATCH = 16
+SEED = 1234  # the stochastic-rounding stream's seed, the same in every run
+
+needs_two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
+)
+
+CONFIGS = {
+    "q8": dict(params=torch.float32, options=dict(exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8)),
+    "q4": dict(params=torch.float32, options=dict(exp_avg_dtype="4bit", exp_avg_sq_dtype="4bit")),
+    "bf16_sr": dict(params=torch.bfloat16, options=dict(stochastic_rounding=True)),
+}
+
+
+class _Net(nn.Module):
+    """[B, 64] -> [B, 16]. The weights of ``fc1`` (96 x 64: two halves of 48 rows), ``fc2`` (65 x 96: 33 + 32 rows)
+    and ``fc3`` (64 x 65: an odd row, which 4-bit codes end with half a byte) have >= 4096 elements, so quantized
+    moments, while every shard of the first two has fewer (the decision is on the full tensor). ``out.weight``
+    (16 x 64) is below 4096 (float32 moments); ``norm.weight`` and the biases are 1-D, ``fc2.bias`` of odd length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 96)
+        self.norm = RMSNorm(96)
+        self.fc2 = nn.Linear(96, 65)
+        self.fc3 = nn.Linear(65, 64)
+        self.out = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        silu = torch.nn.functional.silu
+        h = silu(self.norm(self.fc1(x)))
+        return self.out(silu(self.fc3(silu(self.fc2(h)))))
+
+
+QUANTIZED = ("fc1.weight", "fc2.weight", "fc3.weight")
+FLOAT32_MOMENTS = ("out.weight", "norm.weight", "fc2.bias")
+
+
+def _model(config: str, device: torch.device) -> _Net:
+    torch.manual_seed(0)
+    return _Net().to(device=device, dtype=CONFIGS[config]["params"])
+
+
+def _optimizer(config: str, model: nn.Module) -> FusedAdamW:
+    # lr 1e-2: large enough that every step moves the bfloat16 parameters by more than an ulp somewhere.
+    return FusedAdamW(model.parameters(), lr=1e-2, weight_decay=0.1, seed=SEED, **CONFIGS[config]["options"])
+
+
+def _batch(step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    return torch.randn(GLOBAL_BATCH, 64, generator=gen).to(device), torch.randn(GLOBAL_BATCH, 16, generator=gen).to(
+        device
+    )
+
+
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (model(x.to(model.fc1.weight.dtype)).float() - y).square().mean()
+
+
+def _state_dtypes(opt: FusedAdamW, model: nn.Module) -> dict[str, str]:
+    return {name: str(opt.state[p]["exp_avg"].dtype) for name, p in model.named_parameters() if p in opt.state}
+
+
+def _unsharded(config: str, device: torch.device) -> dict:
+    """The single-process run: the same model and optimizer, the global batch as two halves whose gradients are
+    accumulated and halved (as FSDP2 averages them)."""
+    model = _model(config, device)
+    opt = _optimizer(config, model)
+    record = {"grads": [], "params": []}
+    half = GLOBAL_BATCH // WORLD
+    for step in range(STEPS):
+        x, y = _batch(step, device)
+        opt.zero_grad(set_to_none=True)
+        for r in range(WORLD):
+            _loss(model, x[r * half : (r + 1) * half], y[r * half : (r + 1) * half]).backward()
+        for p in model.parameters():
+            p.grad.mul_(1.0 / WORLD)
+        record["grads"].append({n: p.grad.cpu().clone() for n, p in model.named_parameters()})
+        opt.step()
+        record["params"].append({n: p.detach().cpu().clone() for n, p in model.named_parameters()})
+    record["state_dtypes"] = _state_dtypes(opt, model)
+    return record
+
+
+def _sharded(rank: int, config: str, device: torch.device) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (WORLD,))
+    model = _model(config, device)
+    for layer in (model.fc1, model.fc2, model.fc3, model.out, model):
+        fully_shard(layer, mesh=mesh)
+    opt = _optimizer(config, model)
+    record = {"grads": [], "params": []}
+    half = GLOBAL_BATCH // WORLD
+    for step in range(STEPS):
+        x, y = _batch(step, device)
+        opt.zero_grad(set_to_none=True)
+        _loss(model, x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]).backward()
+        record["grads"].append({n: p.grad.full_tensor().cpu() for n, p in model.named_parameters()})
+        opt.step()
+        record["params"].append({n: p.detach().full_tensor().cpu() for n, p in model.named_parameters()})
+    record["state_dtypes"] = _state_dtypes(opt, model)
+    record["local_rows"] = {n: p.to_local().shape[0] for n, p in model.named_parameters()}
+    return record
+
+
+def _worker(rank, world, init_file, backend, config, out_dir):
+    faulthandler.enable()  # an abort prints every thread's Python stack into the test's captured stderr
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        torch.set_num_threads(1)  # two ranks on a 2-core runner
+        result = {"sharded": _sharded(rank, config, device)}
+        if rank == 0:  # the reference, on the same kind of device and in the same kind of process
+            result["unsharded"] = _unsharded(config, device)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # every rank past its last collective before any tears its connections down
+    finally:
+        dist.destroy_process_group()
+    # Leave without interpreter finalization: FSDP2's autograd device threads and the gloo threads still run, and a
+    # C++ thread touching a Python object during finalization aborts (tests/test_distributed.py says more).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _run(tmp_path, config: str, backend: str = "gloo") -> tuple[list[dict], dict]:
+    mp.spawn(_worker, args=(WORLD, str(tmp_path / "store"), backend, config, str(tmp_path)), nprocs=WORLD, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    return [rank["sharded"] for rank in ranks], ranks[0]["unsharded"]
+
+
+def _check(ranks: list[dict], reference: dict, config: str) -> None:
+    names = list(reference["params"][0])
+    assert ranks[0]["local_rows"]["fc2.weight"] == 33 and ranks[1]["local_rows"]["fc2.weight"] == 32
+    for name in QUANTIZED + FLOAT32_MOMENTS:
+        want = "torch.bfloat16" if config == "bf16_sr" else "torch.uint8" if name in QUANTIZED else "torch.float32"
+        assert reference["state_dtypes"][name] == want, (name, reference["state_dtypes"])
+    for r, rec in enumerate(ranks):
+        assert rec["state_dtypes"] == reference["state_dtypes"], f"rank {r}: other state formats than unsharded"
+        for step in range(STEPS):
+            for name in names:
+                got, want = rec["grads"][step][name], reference["grads"][step][name]
+                assert torch.equal(got, want), f"rank {r} step {step} {name}: gradients differ (the harness)"
+                got, want = rec["params"][step][name], reference["params"][step][name]
+                assert got.dtype == want.dtype == CONFIGS[config]["params"]
+                diff = (got.float() - want.float()).abs().max().item()
+                assert torch.equal(got, want), f"rank {r} step {step} {name}: parameters differ (max {diff:.3g})"
+    # The parameters did move, every step (so the comparison is of updates, not of the initial weights).
+    for step in range(1, STEPS):
+        for name in names:
+            before, after = reference["params"][step - 1][name], reference["params"][step][name]
+            assert not torch.equal(before, after), f"step {step}: {name} did not change"
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_fsdp2_lowbit_matches_unsharded(tmp_path, config):
+    ranks, reference = _run(tmp_path, config)
+    _check(ranks, reference, config)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_fsdp2_lowbit_matches_unsharded_nccl(tmp_path, config):
+    ranks, reference = _run(tmp_path, config, backend="nccl")
+    _check(ranks, reference, config)
