@@ -49,7 +49,14 @@ _MOMENT_DTYPES = {
     torch.uint8: STATE_Q8,
     torch.uint4: STATE_Q4,
 }
-_MOMENT_ALIASES = {"8bit": torch.uint8, "4bit": torch.uint4, "float32": torch.float32, "bfloat16": torch.bfloat16}
+_MOMENT_ALIASES = {
+    "8bit": torch.uint8,
+    "4bit": torch.uint4,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 _QUANTIZED = (STATE_Q8, STATE_Q4)
 # A quantized moment's state names its code's width: state["exp_avg_bits"] = 8 (checkpoints say what they hold; an
 # int, as torch's load_state_dict would take a string apart).
@@ -65,8 +72,8 @@ def _moment_dtype(value: Any, name: str) -> torch.dtype | None:
     dtype = _MOMENT_ALIASES.get(value, value) if isinstance(value, str) else value
     if dtype not in _MOMENT_DTYPES:
         raise ValueError(
-            f"{name} must be None, torch.float32, torch.bfloat16, torch.uint8 / '8bit' or torch.uint4 / '4bit', "
-            f"got {value!r}"
+            f"{name} must be None, torch.float32 / 'fp32', torch.bfloat16 / 'bf16', torch.uint8 / '8bit' or "
+            f"torch.uint4 / '4bit', got {value!r}"
         )
     return dtype
 

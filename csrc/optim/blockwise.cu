@@ -1,9 +1,9 @@
 // The blockwise Adam step on CUDA (blockwise.h): a one-thread-per-tensor prologue (step counts, bias corrections,
 // rounding keys), then one pass in which each warp owns a contiguous range of 128-element blocks and, per block,
 // reads the gradient once, reads and writes the parameter and its moments once (decoding and encoding codes in
-// registers: a warp-wide max gives the block's new exponent). Lane l holds elements 4l..4l+3 of a block, so a
-// warp's accesses are contiguous: 16-byte float32, 4-byte 8-bit-code and 2-byte 4-bit-code accesses per lane on
-// the aligned path. Both kernels return at once when found_inf is non-zero: a skipped step writes nothing.
+// registers: a max over the block's lanes gives its new exponent). A group of 8 lanes holds a block, lane l of a
+// group its elements 16l..16l+15, so accesses are contiguous and 16 bytes wide on the aligned path. Both kernels
+// return at once when found_inf is non-zero: a skipped step writes nothing.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -20,7 +20,12 @@ namespace cuda {
 namespace {
 
 constexpr int kWarps = 8;  // per CTA
-constexpr int kPerLane = kQuantBlock / 32;
+// NOTE: 16 elements per lane, so a group of 8 lanes holds a block and a warp 4 blocks at a time: a lane has 4
+// 16-byte loads of float32 parameters and as many of gradients in flight. With 4 per lane (a warp per block)
+// the kernel needed 70-80 registers for 10 B of loads in flight per element and reached 26-36% of copy bandwidth.
+constexpr int kPerLane = 16;
+constexpr int kGroup = kQuantBlock / kPerLane;  // lanes per block
+constexpr int kBlocksPerWarp = 32 / kGroup;
 
 struct Args {
   const int64_t* meta;
@@ -93,11 +98,18 @@ __device__ __forceinline__ Tensor read_tensor(const Args& a, int64_t t) {
   return x;
 }
 
-// Loads kPerLane values of a float32/bfloat16 array at element i (vector access when `full`).
+// kPerLane values of an array of T converted to float32, 16 bytes per access when `full` (else element-wise, the
+// first n only).
 template <typename T>
 __device__ __forceinline__ void load_values(float (&dst)[kPerLane], const T* base, int64_t i, int n, bool full) {
+  constexpr int kVec = 16 / sizeof(T) < kPerLane ? 16 / sizeof(T) : kPerLane;
   if (full) {
-    load<kPerLane>(dst, base + i);
+#pragma unroll
+    for (int j = 0; j < kPerLane; j += kVec) {
+      const Vec<T, kVec> r = *reinterpret_cast<const Vec<T, kVec>*>(base + i + j);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dst[j + k] = static_cast<float>(r.v[k]);
+    }
   } else {
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) dst[k] = k < n ? static_cast<float>(base[i + k]) : 0.f;
@@ -106,8 +118,15 @@ __device__ __forceinline__ void load_values(float (&dst)[kPerLane], const T* bas
 
 template <typename T>
 __device__ __forceinline__ void store_values(T* base, int64_t i, const float (&src)[kPerLane], int n, bool full) {
+  constexpr int kVec = 16 / sizeof(T) < kPerLane ? 16 / sizeof(T) : kPerLane;
   if (full) {
-    store<kPerLane>(base + i, src);
+#pragma unroll
+    for (int j = 0; j < kPerLane; j += kVec) {
+      Vec<T, kVec> r;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) r.v[k] = static_cast<T>(src[j + k]);
+      *reinterpret_cast<Vec<T, kVec>*>(base + i + j) = r;
+    }
   } else {
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k)
@@ -115,9 +134,20 @@ __device__ __forceinline__ void store_values(T* base, int64_t i, const float (&s
   }
 }
 
-// Where a block's codes start: the byte of element `col0` of row `row` (4-bit rows are ceil(cols / 2) bytes).
+// Where a lane's codes start: the byte of element `col` of row `row` (4-bit rows are ceil(cols / 2) bytes).
 __device__ __forceinline__ int64_t code_byte(int fmt, int64_t row, int64_t cols, int64_t col) {
   return fmt == kQ4 ? row * ((cols + 1) / 2) + col / 2 : row * cols + col;
+}
+
+// A lane's codes: 16 bytes of 8-bit codes, or 8 bytes of 4-bit codes (element k in bits [k w, (k + 1) w) of the
+// little-endian byte string).
+struct Codes {
+  uint32_t w[kPerLane / 4];
+};
+
+__device__ __forceinline__ uint32_t code_at(const Codes& c, int k, int width) {
+  const int bit = k * width;
+  return (c.w[bit / 32] >> (bit % 32)) & ((1u << width) - 1);
 }
 
 // Reads this lane's values of one moment (n valid of kPerLane, starting at element `col` of `row`).
@@ -127,35 +157,37 @@ __device__ __forceinline__ void load_moment(float (&dst)[kPerLane], int fmt, boo
   if (fmt == kF32) return load_values(dst, static_cast<const float*>(base), flat, n, full);
   if (fmt == kBF16) return load_values(dst, static_cast<const at::BFloat16*>(base), flat, n, full);
   const Code c = code_of(fmt, second);
-  const int e = scales[block];
-  const uint8_t* codes = static_cast<const uint8_t*>(base) + code_byte(fmt, row, cols, col);
-  uint32_t word = 0;  // kPerLane codes, element k in bits [k * width, (k + 1) * width)
-  if (fmt == kQ8) {
+  const int width = fmt == kQ8 ? 8 : 4;
+  const int bytes = kPerLane * width / 8;
+  Codes codes{};
+  int e = 0;
+  if (n > 0) {
+    e = scales[block];
+    const uint8_t* src = static_cast<const uint8_t*>(base) + code_byte(fmt, row, cols, col);
     if (full) {
-      word = *reinterpret_cast<const uint32_t*>(codes);
+      if (fmt == kQ8) {
+        const uint4 r = *reinterpret_cast<const uint4*>(src);
+        codes.w[0] = r.x, codes.w[1] = r.y, codes.w[2] = r.z, codes.w[3] = r.w;
+      } else {
+        const uint2 r = *reinterpret_cast<const uint2*>(src);
+        codes.w[0] = r.x, codes.w[1] = r.y;
+      }
     } else {
+      const int used = (n * width + 7) / 8;
 #pragma unroll
-      for (int k = 0; k < kPerLane; ++k)
-        if (k < n) word |= static_cast<uint32_t>(codes[k]) << (8 * k);
-    }
-  } else {
-    if (full) {
-      word = *reinterpret_cast<const uint16_t*>(codes);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kPerLane / 2; ++k)
-        if (2 * k < n) word |= static_cast<uint32_t>(codes[k]) << (8 * k);
+      for (int k = 0; k < bytes; ++k)
+        if (k < used) codes.w[k / 4] |= static_cast<uint32_t>(src[k]) << (8 * (k % 4));
     }
   }
-  const int width = fmt == kQ8 ? 8 : 4;
 #pragma unroll
-  for (int k = 0; k < kPerLane; ++k) dst[k] = k < n ? decode((word >> (width * k)) & ((1u << width) - 1), e, c) : 0.f;
+  for (int k = 0; k < kPerLane; ++k) dst[k] = k < n ? decode(code_at(codes, k, width), e, c) : 0.f;
 }
 
-// Encodes and writes one moment of the block; the whole warp takes part (the block's absmax is a warp max).
+// Encodes and writes one moment of the lane group's block: the group's kGroup lanes take part in the max that
+// gives the block's exponent (all 32 lanes run the shuffles; a lane without elements contributes 0).
 __device__ __forceinline__ void store_moment(int fmt, bool second, void* base, uint8_t* scales, int64_t row,
                                              int64_t cols, int64_t col, int64_t block, int64_t flat,
-                                             const float (&src)[kPerLane], int n, bool full) {
+                                             const float (&src)[kPerLane], int n, bool full, bool leader) {
   if (fmt == kF32) return store_values(static_cast<float*>(base), flat, src, n, full);
   if (fmt == kBF16) return store_values(static_cast<at::BFloat16*>(base), flat, src, n, full);
   const Code c = code_of(fmt, second);
@@ -164,86 +196,97 @@ __device__ __forceinline__ void store_moment(int fmt, bool second, void* base, u
   for (int k = 0; k < kPerLane; ++k)
     if (k < n) absmax = fmaxf(absmax, fabsf(src[k]));
 #pragma unroll
-  for (int delta = 16; delta > 0; delta /= 2) absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, delta));
+  for (int delta = kGroup / 2; delta > 0; delta /= 2)
+    absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, delta));
   const int e = block_exponent(absmax, c.man_bits);
   const float multiplier = pow2_biased(254 - e);
-  if ((threadIdx.x & 31) == 0) scales[block] = static_cast<uint8_t>(e);
-  uint8_t* codes = static_cast<uint8_t*>(base) + code_byte(fmt, row, cols, col);
+  if (leader) scales[block] = static_cast<uint8_t>(e);
+  if (n == 0) return;
   const int width = fmt == kQ8 ? 8 : 4;
-  uint32_t word = 0;
+  Codes codes{};
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k)
-    if (k < n) word |= encode(src[k], multiplier, c) << (width * k);
-  if (fmt == kQ8) {
-    if (full) {
-      *reinterpret_cast<uint32_t*>(codes) = word;
-    } else {
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k)
-        if (k < n) codes[k] = static_cast<uint8_t>(word >> (8 * k));
-    }
+    if (k < n) codes.w[k * width / 32] |= encode(src[k], multiplier, c) << (k * width % 32);
+  uint8_t* dst = static_cast<uint8_t*>(base) + code_byte(fmt, row, cols, col);
+  if (full) {
+    if (fmt == kQ8)
+      *reinterpret_cast<uint4*>(dst) = make_uint4(codes.w[0], codes.w[1], codes.w[2], codes.w[3]);
+    else
+      *reinterpret_cast<uint2*>(dst) = make_uint2(codes.w[0], codes.w[1]);
   } else {
-    if (full) {
-      *reinterpret_cast<uint16_t*>(codes) = static_cast<uint16_t>(word);
-    } else {
+    // Whole bytes: an odd row's last byte gets a zero high nibble.
+    const int used = (n * width + 7) / 8;
 #pragma unroll
-      for (int k = 0; k < kPerLane / 2; ++k)
-        if (2 * k < n) codes[k] = static_cast<uint8_t>(word >> (8 * k));  // an odd row's last high nibble is 0
-    }
+    for (int k = 0; k < kPerLane; ++k)
+      if (k < used) dst[k] = static_cast<uint8_t>(codes.w[k / 4] >> (8 * (k % 4)));
   }
 }
 
-// NOTE: at most 80 registers, 3 CTAs (24 warps) per SM: unbounded, ptxas takes 114 and fits 2.
-template <typename P, typename G>
-__global__ void __launch_bounds__(kWarps * 32, 3) step_kernel(Args a) {
+constexpr int kAnyFormat = -1;  // the formats are read per tensor (mixed formats in one launch)
+
+// FM, FV: the moments' formats when every tensor of the launch has them (compiled for the common pairs: fewer
+// registers, so more warps in flight), else kAnyFormat.
+template <typename P, typename G, int FM, int FV>
+__global__ void __launch_bounds__(kWarps * 32, 2) step_kernel(Args a) {
   if (skipped(a.found_inf)) return;
   const float inv_scale = a.grad_scale != nullptr ? static_cast<float>(1.0 / static_cast<double>(*a.grad_scale)) : 1.f;
   const double lr = read_lr(a);
   const float decay = static_cast<float>(1.0 - lr * a.adam.weight_decay);
   const int lane = threadIdx.x & 31;
+  const int sub = lane / kGroup, in_group = lane % kGroup;  // which of the warp's blocks, where in it
   const int64_t warps = int64_t(gridDim.x) * kWarps;
   const int64_t warp = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  // A contiguous range of blocks per warp: the tensor changes rarely, and finding it is one binary search.
+  // A contiguous range of blocks per warp, kBlocksPerWarp at a time: the tensor changes rarely, and finding it is
+  // one binary search.
   const int64_t per_warp = (a.num_blocks + warps - 1) / warps;
   const int64_t begin = warp * per_warp;
   const int64_t end = begin + per_warp < a.num_blocks ? begin + per_warp : a.num_blocks;
   if (begin >= end) return;
-  int64_t lo = 0, hi = a.num_tensors - 1;  // the last tensor whose first block is <= begin
+  int64_t lo = 0, hi = a.num_tensors - 1;  // the last tensor whose first block is <= this lane's first block
+  const int64_t first = begin + sub < end ? begin + sub : begin;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (a.meta[mid * kMetaCount + kMetaFirstBlock] <= begin)
+    if (a.meta[mid * kMetaCount + kMetaFirstBlock] <= first)
       lo = mid;
     else
       hi = mid - 1;
   }
   int64_t t = lo;
   Tensor x = read_tensor(a, t);
-  for (int64_t b = begin; b < end; ++b) {
-    while (b >= x.end_block) x = read_tensor(a, ++t);
+  for (int64_t base = begin; base < end; base += kBlocksPerWarp) {
+    const int64_t b = base + sub;
+    const bool valid = b < end;
+    if (valid)
+      while (b >= x.end_block) x = read_tensor(a, ++t);
     const int64_t local = b - x.first_block;
     const int64_t row = local / x.blocks_per_row;
     const int64_t col0 = (local - row * x.blocks_per_row) * kQuantBlock;
-    const int64_t col = col0 + kPerLane * lane;
+    const int64_t col = col0 + kPerLane * in_group;
     const int64_t flat = row * x.cols + col;
-    const int64_t remaining = x.cols - col;
+    const int64_t remaining = valid ? x.cols - col : 0;
     const int n = remaining >= kPerLane ? kPerLane : (remaining > 0 ? static_cast<int>(remaining) : 0);
-    const bool full = x.aligned && x.cols - col0 >= kQuantBlock;
+    const bool full = valid && x.aligned && x.cols - col0 >= kQuantBlock;
+    const bool leader = valid && in_group == 0;
     float p[kPerLane], g[kPerLane], m[kPerLane], v[kPerLane], vmax[kPerLane];
     if (x.master != nullptr)
       load_values(p, x.master, flat, n, full);
     else
       load_values(p, static_cast<const P*>(x.p), flat, n, full);
     load_values(g, static_cast<const G*>(x.g), flat, n, full);
-    load_moment(m, x.fmt_m, false, x.m, x.m_scale, row, x.cols, col, local, flat, n, full);
-    load_moment(v, x.fmt_v, true, x.v, x.v_scale, row, x.cols, col, local, flat, n, full);
-    if (a.adam.amsgrad) load_moment(vmax, x.fmt_v, true, x.vmax, nullptr, row, x.cols, col, local, flat, n, full);
+    const int fmt_m = FM != kAnyFormat ? FM : x.fmt_m, fmt_v = FV != kAnyFormat ? FV : x.fmt_v;
+    load_moment(m, fmt_m, false, x.m, x.m_scale, row, x.cols, col, local, flat, n, full);
+    load_moment(v, fmt_v, true, x.v, x.v_scale, row, x.cols, col, local, flat, n, full);
+    // amsgrad only with float32/bfloat16 second moments (checked by the table), so only in those kernels.
+    constexpr bool kMayAmsgrad = FV == kAnyFormat || FV == kF32 || FV == kBF16;
+    if (kMayAmsgrad && a.adam.amsgrad)
+      load_moment(vmax, fmt_v, true, x.vmax, nullptr, row, x.cols, col, local, flat, n, full);
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k)
       adam_element(p[k], g[k] * inv_scale, m[k], v[k], vmax[k], a.adam, decay, x.sc.x, x.sc.y);
-    store_moment(x.fmt_m, false, x.m, x.m_scale, row, x.cols, col, local, flat, m, n, full);
-    store_moment(x.fmt_v, true, x.v, x.v_scale, row, x.cols, col, local, flat, v, n, full);
-    if (a.adam.amsgrad) {
-      if (x.fmt_v == kF32)
+    store_moment(fmt_m, false, x.m, x.m_scale, row, x.cols, col, local, flat, m, n, full, leader);
+    store_moment(fmt_v, true, x.v, x.v_scale, row, x.cols, col, local, flat, v, n, full, leader);
+    if (kMayAmsgrad && a.adam.amsgrad) {
+      if (fmt_v == kF32)
         store_values(static_cast<float*>(x.vmax), flat, vmax, n, full);
       else
         store_values(static_cast<at::BFloat16*>(x.vmax), flat, vmax, n, full);
@@ -252,17 +295,21 @@ __global__ void __launch_bounds__(kWarps * 32, 3) step_kernel(Args a) {
     if constexpr (std::is_same<P, at::BFloat16>::value) {
       if (a.stochastic_rounding) {
         const uint32_t key = __float_as_uint(x.sc.z);
-        Vec<uint16_t, kPerLane> bits;
-#pragma unroll
-        for (int k = 0; k < kPerLane; ++k)
-          bits.v[k] = stochastic_round_bf16_bits(p[k], rounding_bits(key, x.offset + flat + k));
         uint16_t* out = reinterpret_cast<uint16_t*>(x.p) + flat;
-        if (full) {
-          *reinterpret_cast<Vec<uint16_t, kPerLane>*>(out) = bits;
-        } else {
+        constexpr int kVec = 8;  // 16 bytes
 #pragma unroll
-          for (int k = 0; k < kPerLane; ++k)
-            if (k < n) out[k] = bits.v[k];
+        for (int j = 0; j < kPerLane; j += kVec) {
+          Vec<uint16_t, kVec> bits;
+#pragma unroll
+          for (int k = 0; k < kVec; ++k)
+            bits.v[k] = stochastic_round_bf16_bits(p[j + k], rounding_bits(key, x.offset + flat + j + k));
+          if (full) {
+            *reinterpret_cast<Vec<uint16_t, kVec>*>(out + j) = bits;
+          } else {
+#pragma unroll
+            for (int k = 0; k < kVec; ++k)
+              if (j + k < n) out[j + k] = bits.v[k];
+          }
         }
         continue;
       }
@@ -273,23 +320,34 @@ __global__ void __launch_bounds__(kWarps * 32, 3) step_kernel(Args a) {
 
 // One wave of resident CTAs: every warp owns one contiguous range of blocks, so a second, partial wave would
 // leave most of the GPU idle while it runs.
-template <typename P, typename G>
+template <typename P, typename G, int FM, int FV>
 void launch_step(const BlockwiseLaunch& l, const Args& a, cudaStream_t s) {
   int sms = 0, per_sm = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, l.device.index()));
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, step_kernel<P, G>, kWarps * 32, 0));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, step_kernel<P, G, FM, FV>, kWarps * 32, 0));
   const int64_t needed = (a.num_blocks + kWarps - 1) / kWarps;
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * std::max(per_sm, 1)));
-  step_kernel<P, G><<<grid, kWarps * 32, 0, s>>>(a);
+  step_kernel<P, G, FM, FV><<<grid, kWarps * 32, 0, s>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// A launch whose tensors share one format for both moments and whose gradients have the parameters' dtype (the
+// usual case) gets a kernel compiled for it; anything else the kernel that reads the formats per tensor.
 template <typename P>
-void dispatch_grad(const BlockwiseLaunch& l, const Args& a, cudaStream_t s) {
+void dispatch_formats(const BlockwiseLaunch& l, const Args& a, cudaStream_t s) {
+  if (l.grad_dtype == c10::CppTypeToScalarType<P>::value && l.fmt_m == l.fmt_v) {
+    switch (l.fmt_m) {
+      case kF32: return launch_step<P, P, kF32, kF32>(l, a, s);
+      case kBF16: return launch_step<P, P, kBF16, kBF16>(l, a, s);
+      case kQ8: return launch_step<P, P, kQ8, kQ8>(l, a, s);
+      case kQ4: return launch_step<P, P, kQ4, kQ4>(l, a, s);
+      default: break;
+    }
+  }
   switch (l.grad_dtype) {
-    case at::kFloat: launch_step<P, float>(l, a, s); break;
-    case at::kHalf: launch_step<P, at::Half>(l, a, s); break;
-    case at::kBFloat16: launch_step<P, at::BFloat16>(l, a, s); break;
+    case at::kFloat: return launch_step<P, float, kAnyFormat, kAnyFormat>(l, a, s);
+    case at::kHalf: return launch_step<P, at::Half, kAnyFormat, kAnyFormat>(l, a, s);
+    case at::kBFloat16: return launch_step<P, at::BFloat16, kAnyFormat, kAnyFormat>(l, a, s);
     default: TORCH_CHECK(false, "ampkernels: unsupported gradient dtype ", l.grad_dtype);
   }
 }
@@ -324,9 +382,9 @@ void blockwise_adam_cuda(const BlockwiseLaunch& l) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (l.num_blocks == 0) return;
   switch (l.param_dtype) {
-    case at::kFloat: cuda::dispatch_grad<float>(l, a, stream); break;
-    case at::kHalf: cuda::dispatch_grad<at::Half>(l, a, stream); break;
-    case at::kBFloat16: cuda::dispatch_grad<at::BFloat16>(l, a, stream); break;
+    case at::kFloat: cuda::dispatch_formats<float>(l, a, stream); break;
+    case at::kHalf: cuda::dispatch_formats<at::Half>(l, a, stream); break;
+    case at::kBFloat16: cuda::dispatch_formats<at::BFloat16>(l, a, stream); break;
     default: TORCH_CHECK(false, "ampkernels: unsupported parameter dtype ", l.param_dtype);
   }
 }

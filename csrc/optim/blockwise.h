@@ -45,6 +45,7 @@ struct BlockwiseLaunch {
   at::Tensor meta;     // int64 [T + 1, kMetaCount] (row T: kMetaFirstBlock = num_blocks)
   at::Tensor scalars;  // float32 [T, 4] scratch: step_size, bc2_sqrt, rounding key (bits), unused
   at::ScalarType param_dtype = at::kFloat, grad_dtype = at::kFloat;
+  int fmt_m = -1, fmt_v = -1;  // the formats every tensor of the launch has, or -1 (they differ)
   bool master = false, stochastic_rounding = false;
   uint64_t seed = 0;
   at::Tensor grad_scale, found_inf, lr_tensor;  // as OptimizerLaunch

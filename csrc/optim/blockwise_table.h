@@ -3,7 +3,9 @@
 // (GradientTracker) and launches the prologue and the step kernel. Bound to Python in bindings.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -45,8 +47,8 @@ class AMPK_HIDDEN BlockwiseAdamTable {
     master_ = !state_[kBwMaster].empty();
     AMPK_CHECK_ARG(!master_ || param_dtype_ != at::kFloat, "master_param", "float32 parameters have no master");
     check_distinct(grads_.param_ptrs(), ps);
-    meta_host_values_.assign((n + 1) * kMetaCount, 0);
-    int64_t blocks = 0;
+    std::vector<std::vector<int64_t>> rows(n, std::vector<int64_t>(kMetaCount, 0));
+    std::vector<bool> aligned_rows(n);
     for (int64_t i = 0; i < n; ++i) {
       const at::Tensor& p = ps[i];
       const auto [fmt_m, fmt_v, cols, salt, offset] = layout[i];
@@ -63,9 +65,9 @@ class AMPK_HIDDEN BlockwiseAdamTable {
       } else {
         AMPK_CHECK_ARG(cols == p.numel(), "layout", "entry ", i, ": cols must be numel without quantized moments");
       }
-      const int64_t rows = cols > 0 ? p.numel() / cols : 0;
-      check_moment(i, kBwExpAvg, static_cast<int>(fmt_m), rows, cols);
-      check_moment(i, kBwExpAvgSq, static_cast<int>(fmt_v), rows, cols);
+      const int64_t rows_of = cols > 0 ? p.numel() / cols : 0;
+      check_moment(i, kBwExpAvg, static_cast<int>(fmt_m), rows_of, cols);
+      check_moment(i, kBwExpAvgSq, static_cast<int>(fmt_v), rows_of, cols);
       if (!state_[kBwMax].empty()) {
         AMPK_CHECK_ARG(fmt_v <= kBF16, "max_exp_avg_sq", "amsgrad needs a float32 or bfloat16 second moment");
         check_like(state_[kBwMax][i], p, fmt_v == kF32 ? at::kFloat : at::kBFloat16, "max_exp_avg_sq", i);
@@ -74,12 +76,12 @@ class AMPK_HIDDEN BlockwiseAdamTable {
       const at::Tensor& step = state_[kBwStep][i];
       AMPK_CHECK_ARG(step.device() == device_ && step.scalar_type() == at::kFloat && step.numel() == 1, "step",
                      "tensor ", i, " must be a 1-element float32 tensor on ", device_);
-      int64_t* row = &meta_host_values_[i * kMetaCount];
-      row[kMetaFirstBlock] = blocks;
-      blocks += rows * ((cols + kQuantBlock - 1) / kQuantBlock);
+      int64_t* row = rows[i].data();
+      row[kMetaFirstBlock] = rows_of * ((cols + kQuantBlock - 1) / kQuantBlock);  // this tensor's blocks, for now
       row[kMetaNumel] = p.numel();
       row[kMetaCols] = cols;
-      bool aligned = rows <= 1 || cols % 4 == 0;
+      // The CUDA kernel's vector path: 16-element lane slices of whole rows start 16-byte aligned (codes too).
+      bool aligned = rows_of <= 1 || cols % 16 == 0;
       auto address = [&](int column, const at::Tensor& t) {
         const auto a = reinterpret_cast<int64_t>(t.numel() > 0 ? t.data_ptr() : nullptr);
         aligned = aligned && a % 16 == 0;
@@ -93,15 +95,36 @@ class AMPK_HIDDEN BlockwiseAdamTable {
       if (!state_[kBwMax].empty()) address(kMetaMaxExpAvgSq, state_[kBwMax][i]);
       if (master_) address(kMetaMaster, state_[kBwMaster][i]);
       row[kMetaStep] = reinterpret_cast<int64_t>(step.data_ptr());
-      aligned_.push_back(aligned);
+      aligned_rows[i] = aligned;
       row[kMetaFormats] = fmt_m | (fmt_v << 8);
       row[kMetaSalt] = salt;
       row[kMetaOffset] = offset;
     }
-    meta_host_values_[n * kMetaCount + kMetaFirstBlock] = blocks;
-    num_blocks_ = blocks;
-    scalars_ = at::empty({n, 4}, at::TensorOptions().dtype(at::kFloat).device(device_));
-    retain_if_capturing(device_, {&scalars_});
+    // One launch per pair of formats (each compiled for its pair: blockwise.cu), tensors in table order within.
+    for (int64_t i = 0; i < n; ++i) {
+      const int fmt_m = static_cast<int>(rows[i][kMetaFormats] & 0xFF);
+      const int fmt_v = static_cast<int>(rows[i][kMetaFormats] >> 8);
+      auto it = std::find_if(groups_.begin(), groups_.end(),
+                             [&](const Group& g) { return g.fmt_m == fmt_m && g.fmt_v == fmt_v; });
+      if (it == groups_.end()) it = groups_.insert(groups_.end(), Group{fmt_m, fmt_v});
+      it->members.push_back(i);
+    }
+    for (Group& g : groups_) {
+      const int64_t t = static_cast<int64_t>(g.members.size());
+      g.meta_host_values.assign((t + 1) * kMetaCount, 0);
+      for (int64_t k = 0; k < t; ++k) {
+        std::vector<int64_t>& row = rows[g.members[k]];
+        const int64_t blocks = row[kMetaFirstBlock];
+        row[kMetaFirstBlock] = g.num_blocks;
+        g.num_blocks += blocks;
+        std::copy(row.begin(), row.end(), g.meta_host_values.begin() + k * kMetaCount);
+        g.aligned.push_back(aligned_rows[g.members[k]]);
+      }
+      g.meta_host_values[t * kMetaCount + kMetaFirstBlock] = g.num_blocks;
+      num_blocks_ += g.num_blocks;
+      g.scalars = at::empty({t, 4}, at::TensorOptions().dtype(at::kFloat).device(device_));
+      retain_if_capturing(device_, {&g.scalars});
+    }
   }
 
   bool step_adam(double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2, double eps,
@@ -116,10 +139,6 @@ class AMPK_HIDDEN BlockwiseAdamTable {
     check_optional_scalar(lr_tensor, "lr", device_);
     BlockwiseLaunch l;
     l.device = device_;
-    l.num_tensors = grads_.size();
-    l.num_blocks = num_blocks_;
-    l.meta = meta_;
-    l.scalars = scalars_;
     l.param_dtype = param_dtype_;
     l.grad_dtype = grads_.grad_dtype();
     l.master = master_;
@@ -140,15 +159,23 @@ class AMPK_HIDDEN BlockwiseAdamTable {
     l.adam.maximize = maximize;
     l.adam.decoupled_weight_decay = decoupled_weight_decay;
     grads_.stage();
-    if (device_.is_cuda()) {
+    for (const Group& g : groups_) {
+      l.meta = g.meta;
+      l.scalars = g.scalars;
+      l.num_tensors = static_cast<int64_t>(g.members.size());
+      l.num_blocks = g.num_blocks;
+      l.fmt_m = g.fmt_m;
+      l.fmt_v = g.fmt_v;
+      if (device_.is_cuda()) {
 #ifdef AMPK_WITH_CUDA
-      blockwise_adam_cuda(l);
+        blockwise_adam_cuda(l);
 #else
-      TORCH_CHECK(false, "ampkernels: the native extension was built without CUDA; rebuild it with a CUDA toolkit "
-                         "(pip install --no-build-isolation -e .) or use backend='triton'");
+        TORCH_CHECK(false, "ampkernels: the native extension was built without CUDA; rebuild it with a CUDA "
+                           "toolkit (pip install --no-build-isolation -e .) or use backend='triton'");
 #endif
-    } else {
-      blockwise_adam_cpu(l);
+      } else {
+        blockwise_adam_cpu(l);
+      }
     }
     return true;
   }
@@ -162,12 +189,14 @@ class AMPK_HIDDEN BlockwiseAdamTable {
     static const char* kNames[kMetaCount] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "param", "grad",
                                              "exp_avg", "exp_avg_scale", "exp_avg_sq", "exp_avg_sq_scale",
                                              "max_exp_avg_sq", "master_param", "step", nullptr};
-    for (int64_t i = 0; i < grads_.size(); ++i)
-      for (int c = 0; c < kMetaCount; ++c)
-        if (kNames[c] != nullptr && meta_host_values_[i * kMetaCount + c] != 0)
-          out.emplace_back(kNames[c], meta_host_values_[i * kMetaCount + c]);
-    for (const auto* t : {&meta_, &scalars_})
-      if (t->defined() && t->is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(t->data_ptr()));
+    for (const Group& g : groups_) {
+      for (size_t i = 0; i < g.members.size(); ++i)
+        for (int c = 0; c < kMetaCount; ++c)
+          if (kNames[c] != nullptr && g.meta_host_values[i * kMetaCount + c] != 0)
+            out.emplace_back(kNames[c], g.meta_host_values[i * kMetaCount + c]);
+      for (const auto* t : {&g.meta, &g.scalars})
+        if (t->defined() && t->is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(t->data_ptr()));
+    }
     return out;
   }
 
@@ -175,19 +204,19 @@ class AMPK_HIDDEN BlockwiseAdamTable {
   bool refresh() {
     const auto state = grads_.refresh();
     if (state == GradientTracker::kStale) return false;
-    const int64_t n = grads_.size();
-    if (state == GradientTracker::kMoved) {
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t g = grads_.grad_address(i);
-        meta_host_values_[i * kMetaCount + kMetaGrad] = g;
-        const int64_t formats = meta_host_values_[i * kMetaCount + kMetaFormats] & 0xFFFF;
-        const bool aligned = aligned_[i] && g % 16 == 0;
-        meta_host_values_[i * kMetaCount + kMetaFormats] = formats | (int64_t(aligned) << 16);
+    for (Group& g : groups_) {
+      if (state == GradientTracker::kMoved) {
+        for (size_t k = 0; k < g.members.size(); ++k) {
+          int64_t* row = &g.meta_host_values[k * kMetaCount];
+          row[kMetaGrad] = grads_.grad_address(g.members[k]);
+          const bool aligned = g.aligned[k] && row[kMetaGrad] % 16 == 0;
+          row[kMetaFormats] = (row[kMetaFormats] & 0xFFFF) | (int64_t(aligned) << 16);
+        }
       }
-    }
-    if (state == GradientTracker::kMoved || !meta_.defined()) {
-      upload_int64(meta_host_values_, device_, meta_host_, meta_);
-      ++uploads_;
+      if (state == GradientTracker::kMoved || !g.meta.defined()) {
+        upload_int64(g.meta_host_values, device_, g.meta_host, g.meta);
+        ++uploads_;
+      }
     }
     return true;
   }
@@ -221,15 +250,23 @@ class AMPK_HIDDEN BlockwiseAdamTable {
                    " must have the shape and strides of its parameter");
   }
 
+  // The tensors of one launch: those whose moments have one pair of formats.
+  struct Group {
+    int fmt_m, fmt_v;
+    std::vector<int64_t> members;  // indices into the table's parameters
+    std::vector<int64_t> meta_host_values;
+    std::vector<bool> aligned;  // per member: its parameter and state addresses allow vector access
+    int64_t num_blocks = 0;
+    at::Tensor meta, meta_host, scalars;
+  };
+
   GradientTracker grads_;
   std::vector<std::vector<at::Tensor>> state_;
   at::Device device_ = at::kCPU;
   at::ScalarType param_dtype_ = at::kFloat;
   bool master_ = false;
   int64_t num_blocks_ = 0;
-  std::vector<int64_t> meta_host_values_;
-  std::vector<bool> aligned_;  // per parameter: its parameter and state addresses allow vector access
-  at::Tensor meta_, meta_host_, scalars_;
+  std::vector<Group> groups_;
   int64_t uploads_ = 0;
 };
 
