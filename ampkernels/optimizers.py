@@ -816,8 +816,7 @@ class FusedAdam(_FusedOptimizer):
                 fmt = _CODE_FORMATS.get(entry.get(f"{moment}_bits"))
                 if fmt is None:
                     raise ValueError(
-                        f"{where}: uint8 codes need '{moment}_bits' set to 8 or 4, got "
-                        f"{entry.get(f'{moment}_bits')!r}"
+                        f"{where}: uint8 codes need '{moment}_bits' set to 8 or 4, got {entry.get(f'{moment}_bits')!r}"
                     )
                 codes_shape, scales_shape = reference.quant_layout(p.shape, fmt)
                 expected = scales_shape if key.endswith("_scale") else codes_shape
