@@ -150,10 +150,11 @@ __device__ __forceinline__ uint32_t code_at(const Codes& c, int k, int width) {
   return (c.w[bit / 32] >> (bit % 32)) & ((1u << width) - 1);
 }
 
-// Reads this lane's values of one moment (n valid of kPerLane, starting at element `col` of `row`).
+// Reads this lane's values of one moment (n valid of kPerLane, starting at element `col` of `row`). `lut`: the
+// values of the codes (code_value) in shared memory, or null to compute them.
 __device__ __forceinline__ void load_moment(float (&dst)[kPerLane], int fmt, bool second, void* base,
                                             const uint8_t* scales, int64_t row, int64_t cols, int64_t col,
-                                            int64_t block, int64_t flat, int n, bool full) {
+                                            int64_t block, int64_t flat, int n, bool full, const float* lut) {
   if (fmt == kF32) return load_values(dst, static_cast<const float*>(base), flat, n, full);
   if (fmt == kBF16) return load_values(dst, static_cast<const at::BFloat16*>(base), flat, n, full);
   const Code c = code_of(fmt, second);
@@ -179,8 +180,19 @@ __device__ __forceinline__ void load_moment(float (&dst)[kPerLane], int fmt, boo
         if (k < used) codes.w[k / 4] |= static_cast<uint32_t>(src[k]) << (8 * (k % 4));
     }
   }
+  const float scale = pow2_biased(e);
 #pragma unroll
-  for (int k = 0; k < kPerLane; ++k) dst[k] = k < n ? decode(code_at(codes, k, width), e, c) : 0.f;
+  for (int k = 0; k < kPerLane; ++k) {
+    const uint32_t code = code_at(codes, k, width);
+    dst[k] = k < n ? (lut != nullptr ? lut[code] : code_value(code, c)) * scale : 0.f;
+  }
+}
+
+// Fills `lut` with the value of every code of the format (once per CTA, before the first use).
+__device__ __forceinline__ void fill_lut(float* lut, int fmt, bool second) {
+  const Code c = code_of(fmt, second);
+  const int codes = 1 << (c.exp_bits + c.man_bits + (c.is_signed ? 1 : 0));
+  for (int i = threadIdx.x; i < codes; i += blockDim.x) lut[i] = code_value(static_cast<uint32_t>(i), c);
 }
 
 // Encodes and writes one moment of the lane group's block: the group's kGroup lanes take part in the max that
@@ -232,6 +244,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) step_kernel(Args a) {
   const float inv_scale = a.grad_scale != nullptr ? static_cast<float>(1.0 / static_cast<double>(*a.grad_scale)) : 1.f;
   const double lr = read_lr(a);
   const float decay = static_cast<float>(1.0 - lr * a.adam.weight_decay);
+  // Decoding a code is a shared-memory lookup and a product with the block's scale (NOTE: the arithmetic decode
+  // costs ~10 integer and float instructions per element and moment, which a launch with 16 warps per SM cannot
+  // hide behind its loads).
+  constexpr bool kLutM = FM == kQ8 || FM == kQ4, kLutV = FV == kQ8 || FV == kQ4;
+  __shared__ float lut_m[kLutM ? 256 : 1], lut_v[kLutV ? 256 : 1];
+  if constexpr (kLutM) fill_lut(lut_m, FM, false);
+  if constexpr (kLutV) fill_lut(lut_v, FV, true);
+  if constexpr (kLutM || kLutV) __syncthreads();
   const int lane = threadIdx.x & 31;
   const int sub = lane / kGroup, in_group = lane % kGroup;  // which of the warp's blocks, where in it
   const int64_t warps = int64_t(gridDim.x) * kWarps;
@@ -274,12 +294,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) step_kernel(Args a) {
       load_values(p, static_cast<const P*>(x.p), flat, n, full);
     load_values(g, static_cast<const G*>(x.g), flat, n, full);
     const int fmt_m = FM != kAnyFormat ? FM : x.fmt_m, fmt_v = FV != kAnyFormat ? FV : x.fmt_v;
-    load_moment(m, fmt_m, false, x.m, x.m_scale, row, x.cols, col, local, flat, n, full);
-    load_moment(v, fmt_v, true, x.v, x.v_scale, row, x.cols, col, local, flat, n, full);
+    load_moment(m, fmt_m, false, x.m, x.m_scale, row, x.cols, col, local, flat, n, full, kLutM ? lut_m : nullptr);
+    load_moment(v, fmt_v, true, x.v, x.v_scale, row, x.cols, col, local, flat, n, full, kLutV ? lut_v : nullptr);
     // amsgrad only with float32/bfloat16 second moments (checked by the table), so only in those kernels.
     constexpr bool kMayAmsgrad = FV == kAnyFormat || FV == kF32 || FV == kBF16;
     if (kMayAmsgrad && a.adam.amsgrad)
-      load_moment(vmax, fmt_v, true, x.vmax, nullptr, row, x.cols, col, local, flat, n, full);
+      load_moment(vmax, fmt_v, true, x.vmax, nullptr, row, x.cols, col, local, flat, n, full, nullptr);
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k)
       adam_element(p[k], g[k] * inv_scale, m[k], v[k], vmax[k], a.adam, decay, x.sc.x, x.sc.y);
@@ -296,13 +316,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2) step_kernel(Args a) {
       if (a.stochastic_rounding) {
         const uint32_t key = __float_as_uint(x.sc.z);
         uint16_t* out = reinterpret_cast<uint16_t*>(x.p) + flat;
+        // rounding_bits(key, index) for index = first + j + k, with the mix of the index's high half once per lane.
+        const int64_t first = x.offset + flat;
+        const uint32_t lo = static_cast<uint32_t>(first);
+        const uint32_t hi = static_cast<uint32_t>(static_cast<uint64_t>(first) >> 32);
+        const uint32_t hi_mix = mix32(hi), next_mix = mix32(hi + 1);
         constexpr int kVec = 8;  // 16 bytes
 #pragma unroll
         for (int j = 0; j < kPerLane; j += kVec) {
           Vec<uint16_t, kVec> bits;
 #pragma unroll
-          for (int k = 0; k < kVec; ++k)
-            bits.v[k] = stochastic_round_bf16_bits(p[j + k], rounding_bits(key, x.offset + flat + j + k));
+          for (int k = 0; k < kVec; ++k) {
+            const uint32_t low = lo + static_cast<uint32_t>(j + k);
+            const uint32_t random = mix32((key + low) ^ (low < lo ? next_mix : hi_mix)) >> 16;
+            bits.v[k] = stochastic_round_bf16_bits(p[j + k], random);
+          }
           if (full) {
             *reinterpret_cast<Vec<uint16_t, kVec>*>(out + j) = bits;
           } else {

@@ -96,31 +96,31 @@ C10_HOST_DEVICE inline int block_exponent(float absmax, int man_bits) {
   return e < 1 ? 1 : (e > 253 ? 253 : e);
 }
 
-// 2^(e - 127) for a biased exponent e in [1, 254].
+// 2^(e - 127) for a biased exponent e in [1, 254]; 0 for e = 0.
 C10_HOST_DEVICE inline float pow2_biased(int e) { return float_of(static_cast<uint32_t>(e) << 23); }
 
-// The code of magnitude y >= 0 (below 2 unless non-finite), rounded to nearest.
+// The code of magnitude y >= 0 (below 2 unless non-finite), rounded to nearest. Both paths are computed and one
+// selected: no branch, so the 16 elements of a CUDA lane stay independent instruction streams.
 C10_HOST_DEVICE inline uint32_t encode_magnitude(float y, Code c) {
   const int top = (1 << c.exp_bits) - 1;
-  const int max_code = (1 << (c.exp_bits + c.man_bits)) - 1;
-  int code;
-  if (y < float_of(static_cast<uint32_t>(128 - top) << 23)) {  // below 2^(1 - top): a uniform grid
-    code = static_cast<int>(::floorf(y * float_of(static_cast<uint32_t>(127 + top - 1 + c.man_bits) << 23) + 0.5f));
-  } else {
-    const uint32_t b = bits_of(y);
-    // NaN and inf have exponent bits 255: far above max_code.
-    const int64_t normal = static_cast<int64_t>((b + (1u << (22 - c.man_bits))) >> (23 - c.man_bits)) -
-                           (static_cast<int64_t>(127 - top) << c.man_bits);
-    code = normal > max_code ? max_code : static_cast<int>(normal);
-  }
-  return static_cast<uint32_t>(code < 0 ? 0 : (code > max_code ? max_code : code));
+  const uint32_t max_code = (1u << (c.exp_bits + c.man_bits)) - 1;
+  // Below 2^(1 - top) the codes are a uniform grid: exact scaling by a power of two, then + 0.5 and floor.
+  const float grid = float_of(static_cast<uint32_t>(127 + top - 1 + c.man_bits) << 23);
+  const float min_normal = float_of(static_cast<uint32_t>(128 - top) << 23);  // 2^(1 - top)
+  const uint32_t sub = static_cast<uint32_t>(::floorf(::fminf(y, min_normal) * grid + 0.5f));
+  // Above it, the float32 bits rounded to man_bits (a carry moves into the exponent); NaN and inf land far above
+  // max_code (exponent bits 255), and y >= 2^(1 - top) keeps the difference positive.
+  const uint32_t normal =
+      ((bits_of(y) + (1u << (22 - c.man_bits))) >> (23 - c.man_bits)) - (static_cast<uint32_t>(127 - top) << c.man_bits);
+  const uint32_t code = y < min_normal ? sub : normal;
+  return code > max_code ? max_code : code;
 }
 
 C10_HOST_DEVICE inline float decode_magnitude(uint32_t code, Code c) {
   const int top = (1 << c.exp_bits) - 1;
-  if (code < (1u << c.man_bits))
-    return static_cast<float>(code) * float_of(static_cast<uint32_t>(127 + 1 - top - c.man_bits) << 23);
-  return float_of((code + (static_cast<uint32_t>(127 - top) << c.man_bits)) << (23 - c.man_bits));
+  const float sub = static_cast<float>(code) * float_of(static_cast<uint32_t>(127 + 1 - top - c.man_bits) << 23);
+  const float normal = float_of((code + (static_cast<uint32_t>(127 - top) << c.man_bits)) << (23 - c.man_bits));
+  return code < (1u << c.man_bits) ? sub : normal;
 }
 
 // The code of x in a block of biased exponent e (multiplier = 2^(127 - e), exact).
@@ -134,14 +134,16 @@ C10_HOST_DEVICE inline uint32_t encode(float x, float multiplier, Code c) {
   return code;
 }
 
-// The value of `code` in a block of biased exponent e (0: a fresh block of zeros).
-C10_HOST_DEVICE inline float decode(uint32_t code, int e, Code c) {
-  if (e == 0) return 0.f;
+// The value of `code` relative to its block's scale (sign included).
+C10_HOST_DEVICE inline float code_value(uint32_t code, Code c) {
   const uint32_t magnitude_bits = c.exp_bits + c.man_bits;
   const float y = decode_magnitude(code & ((1u << magnitude_bits) - 1), c);
-  const float x = y * pow2_biased(e);
-  return c.is_signed && (code >> magnitude_bits) != 0 ? -x : x;
+  return c.is_signed && (code >> magnitude_bits) != 0 ? -y : y;
 }
+
+// The value of `code` in a block of biased exponent e; e = 0 (a fresh block) scales by 2^-127 as float32 bits 0,
+// that is by zero.
+C10_HOST_DEVICE inline float decode(uint32_t code, int e, Code c) { return code_value(code, c) * pow2_biased(e); }
 
 // ---- stochastic rounding (reference.py: _mix32, rounding_key, rounding_bits, stochastic_round_to_bf16) ----
 
