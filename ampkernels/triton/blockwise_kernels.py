@@ -1,0 +1,449 @@
+"""Triton kernels of the Adam step with low-precision moments (math in ``reference.adam_step_blockwise``); launched
+by ``ampkernels.triton.blockwise.BlockwiseStepTable``.
+
+* ``_blockwise_prologue_kernel``: one lane per tensor; advances the float32 step counts and writes the per-tensor
+  constants: step size and sqrt of the second bias correction (float64, rounded once) and the stochastic-rounding
+  key of ``reference.rounding_key`` (uint32 arithmetic).
+* ``_blockwise_adam_kernel``: a grid-stride loop over work items (``ITEM_BLOCKS`` consecutive 128-element blocks of
+  one tensor, in row-major order across its rows; the launch code picks the grid), each walked in [NB, 128] tiles:
+  one tile row per block, so a block's absmax is a ``tl.max`` over axis 1 and its new exponent and codes come out of
+  the same registers. A tile may span several rows (short rows waste only the padding of their last block). One
+  launch per format group: formats, dtypes and FULL (whole blocks, aligned: vector accesses) are constexpr.
+
+Both return at once when ``found_inf`` is non-zero: nothing is written. The codes are the reference's integer math
+(``_block_exponent``, ``_encode``, ``_decode``, ``_mix32``) on the same float32 bit patterns, bit for bit (NaN: see
+``_INF_BITS``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ampkernels._constants import QUANT_BLOCK, STATE_Q4, STATE_Q8
+from ampkernels.triton.optimizers_kernels import _f64, _lerp, _skipped
+
+_QB = tl.constexpr(QUANT_BLOCK)
+_HALF_QB = tl.constexpr(QUANT_BLOCK // 2)
+_Q8 = tl.constexpr(STATE_Q8)
+_Q4 = tl.constexpr(STATE_Q4)
+# float32 bits of +inf: a block's absmax bits are clamped to it, so that a NaN block saturates (exponent 253) as
+# the reference's does for x86's NaN (0x7FC00000); for NaN bits above 0x7FF7FFFF (CUDA's canonical 0x7FFFFFFF)
+# the reference's int32 rounding add wraps instead (exponent 1, codes 0). Codes saturate for every NaN here.
+_INF_BITS = tl.constexpr(0x7F800000)
+
+# Rows of the per-tensor metadata (int64 [_META_ROWS, num_tensors]; built in blockwise.py).
+(
+    _PARAM,
+    _EXP_AVG,
+    _EXP_AVG_SCALE,
+    _EXP_AVG_SQ,
+    _EXP_AVG_SQ_SCALE,
+    _MAX_EXP_AVG_SQ,
+    _MASTER,
+    _STEP,
+    _COLS,
+    _NBLK,
+    _BLOCKS,
+    _OFFSET,
+    _SALT,
+) = (tl.constexpr(row) for row in range(13))
+META_ROWS = 13
+
+
+@triton.jit
+def _mix32(x):
+    # reference._mix32 (lowbias32) on uint32: the products wrap modulo 2^32 as the reference masks them.
+    x = x ^ (x >> 16)
+    x = x * tl.full([], 0x7FEB352D, tl.uint32)
+    x = x ^ (x >> 15)
+    x = x * tl.full([], 0x846CA68B, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit(do_not_specialize=["num_tensors", "lr_bits", "log2_beta1_bits", "log2_beta2_bits", "seed_lo", "seed_hi"])
+def _blockwise_prologue_kernel(
+    meta,
+    num_tensors,
+    scalars,
+    keys,
+    found_inf,
+    lr_ptr,
+    lr_bits,
+    log2_beta1_bits,
+    log2_beta2_bits,
+    seed_lo,
+    seed_hi,
+    HAS_FOUND: tl.constexpr,
+    LR_FROM_PTR: tl.constexpr,
+    SR: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    if _skipped(found_inf, HAS_FOUND):
+        return
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask = t < num_tensors
+    step_ptr = tl.load(meta + _STEP * num_tensors + t, mask=mask, other=0).to(tl.pointer_type(tl.float32))
+    step = tl.load(step_ptr, mask=mask, other=0.0) + 1.0
+    tl.store(step_ptr, step, mask=mask)
+    if LR_FROM_PTR:
+        lr = tl.load(lr_ptr).to(tl.float64)
+    else:
+        lr = _f64(lr_bits)
+    s = step.to(tl.float64)
+    # As optimizers_kernels._prologue_kernel: beta^step as exp2(step * log2(beta)) in float64.
+    bc1 = 1.0 - tl.exp2(s * _f64(log2_beta1_bits))
+    bc2 = 1.0 - tl.exp2(s * _f64(log2_beta2_bits))
+    tl.store(scalars + 2 * t, (lr / bc1).to(tl.float32), mask=mask)
+    tl.store(scalars + 2 * t + 1, tl.sqrt(bc2).to(tl.float32), mask=mask)
+    if SR:
+        # reference.rounding_key(seed, salt, step): the seed halves and the salt as uint32, the step truncated.
+        k = _mix32(seed_lo.to(tl.uint32, bitcast=True))
+        k = _mix32(k ^ seed_hi.to(tl.uint32, bitcast=True))
+        salt = tl.load(meta + _SALT * num_tensors + t, mask=mask, other=0).to(tl.uint32)
+        k = _mix32(k ^ salt)
+        key = _mix32(k + step.to(tl.int64).to(tl.uint32))
+        tl.store(keys + t, key.to(tl.int32, bitcast=True), mask=mask)
+
+
+@triton.jit
+def _bf16(x, random16):
+    """float32 ``x`` as bfloat16 from its bit pattern: rounded to nearest even (``random16`` None) or stochastically
+    (``reference.stochastic_round_to_bf16``: the random bits added to the 16 dropped, then truncated). A NaN stays a
+    (quiet) NaN. Nearest even is cvt.rn.bf16.f32's result bit for bit; it serves the interpreter, which truncates
+    its float32 -> bfloat16 casts."""
+    bits = x.to(tl.uint32, bitcast=True)
+    if random16 is None:
+        rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    else:
+        rounded = (bits + random16) >> 16
+    rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _rounded(x, DTYPE: tl.constexpr, INT_BF16: tl.constexpr):
+    # INT_BF16 (the interpreter): bfloat16 by integer rounding; on a GPU the cast (cvt.rn, the same bits).
+    if DTYPE == tl.bfloat16 and INT_BF16:
+        return _bf16(x, None)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def _pow2(biased):
+    # 2 ** (biased - 127) from its float32 bit pattern; biased int32 in [1, 254].
+    return (biased << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _decode(codes, EB: tl.constexpr, MB: tl.constexpr, SIGNED: tl.constexpr):
+    """reference._decode of codes (int32, sign bit above the magnitude when SIGNED) as float32 times 2^(top - 127):
+    the magnitude bits placed as a float32's top exponent and mantissa bits (codes below 2^MB land as float32
+    subnormals: the uniform grid), the sign bit as the float's. The caller's product with 2^(127 - top) is exact."""
+    magnitude_bits: tl.constexpr = EB + MB
+    bits = (codes & ((1 << magnitude_bits) - 1)) << (23 - MB)
+    if SIGNED:
+        bits = bits | ((codes >> magnitude_bits) << 31)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _encode(y, EB: tl.constexpr, MB: tl.constexpr):
+    """reference._encode: magnitudes y (float32 >= 0, below 2 unless non-finite) -> codes (int32), nearest, ties
+    away from zero. The normal range from y's bits: (bits + half a step - the exponent offset) >> (23 - MB), one
+    add for the reference's two (no int32 overflow for any bits <= 0x7FFFFFFF: NaN and inf saturate)."""
+    top: tl.constexpr = (1 << EB) - 1
+    bias: tl.constexpr = (1 << (22 - MB)) - ((127 - top) << 23)
+    normal = tl.minimum((y.to(tl.int32, bitcast=True) + bias) >> (23 - MB), (1 << (EB + MB)) - 1)
+    small = y < 2.0 ** (1 - top)
+    # The grid below the smallest normal value: floor(y * 2^k + 0.5), on the grid's lanes only (y clamped: others
+    # would overflow the int32 conversion; a NaN compares false and takes the normal path).
+    sub = tl.floor(tl.minimum(y, 2.0 ** (1 - top)) * (2.0 ** (top - 1 + MB)) + 0.5).to(tl.int32)
+    return tl.where(small, sub, normal)
+
+
+@triton.jit
+def _unpack4(packed, NB: tl.constexpr):
+    # [NB, 64] bytes -> [NB, 128] nibbles: element 2j in the low nibble of byte j.
+    return tl.reshape(tl.join(packed & 0xF, packed >> 4), [NB, _QB])
+
+
+@triton.jit
+def _load_moment(
+    x_ptr,
+    s_ptr,
+    at,
+    FMT: tl.constexpr,
+    EB: tl.constexpr,
+    MB: tl.constexpr,
+    SIGNED: tl.constexpr,
+    NB: tl.constexpr,
+):
+    """The moment of one tile as float32 [NB, 128]: param-shaped storage, or codes times their block's scale.
+    ``at``: the tile's (flat offsets, mask, Q4 byte offsets, their mask, blocks, block mask)."""
+    flat, mask, code_off, code_mask, blk, bmask = at
+    if FMT != _Q8 and FMT != _Q4:
+        values = tl.load(x_ptr + flat, mask=mask, other=0.0).to(tl.float32)
+    else:
+        if FMT == _Q8:
+            codes = tl.load(x_ptr + flat, mask=mask, other=0).to(tl.int32)
+        else:
+            codes = _unpack4(tl.load(x_ptr + code_off, mask=code_mask, other=0).to(tl.int32), NB)
+        top: tl.constexpr = (1 << EB) - 1
+        exponent = tl.load(s_ptr + blk, mask=bmask, other=0).to(tl.int32)
+        scale = tl.where(exponent == 0, 0.0, _pow2(tl.maximum(exponent, 1)))  # 0: a fresh, all-zero block
+        # Two products: the first exact (a code value), the second the reference's own rounding.
+        values = (_decode(codes, EB, MB, SIGNED) * (2.0 ** (127 - top))) * scale[:, None]
+    return values
+
+
+@triton.jit
+def _store_moment(
+    x,
+    x_ptr,
+    s_ptr,
+    at,
+    FMT: tl.constexpr,
+    EB: tl.constexpr,
+    MB: tl.constexpr,
+    SIGNED: tl.constexpr,
+    NB: tl.constexpr,
+    DTYPE: tl.constexpr,
+    FULL: tl.constexpr,
+    INT_BF16: tl.constexpr,
+):
+    """Stores the new moment ``x`` (float32 [NB, 128]): rounded to the storage dtype, or as codes + exponents."""
+    flat, mask, code_off, code_mask, blk, bmask = at
+    if FMT != _Q8 and FMT != _Q4:
+        tl.store(x_ptr + flat, _rounded(x, DTYPE, INT_BF16), mask=mask)
+    else:
+        # reference.quantize_blockwise, per tile row: the block's absmax on the magnitudes' bit patterns (they order
+        # like the values, NaN above inf: clamped to inf's, as the reference's positive NaN rounds; lanes past the
+        # row's end count as zeros, as the reference's padding).
+        bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        if not FULL:
+            bits = tl.where(mask, bits, 0)
+        absmax = tl.minimum(tl.max(bits, axis=1), _INF_BITS)
+        exponent = tl.minimum(tl.maximum(((absmax + (1 << (22 - MB))) >> 23) & 0xFF, 1), 253)
+        y = bits.to(tl.float32, bitcast=True) * _pow2(254 - exponent)[:, None]  # exact: times 2 ** (127 - exponent)
+        codes = _encode(y, EB, MB)
+        if SIGNED:
+            codes = codes | (((x < 0.0) & (codes > 0)).to(tl.int32) << (EB + MB))  # no sign on a zero code
+        else:
+            codes = tl.maximum(codes, 1)  # the second moment is never zero (reference.py's header says why)
+        if FMT == _Q4 and not FULL:
+            codes = tl.where(mask, codes, 0)  # a row of odd length ends in a zero high nibble
+        if FMT == _Q8:
+            tl.store(x_ptr + flat, codes.to(tl.uint8), mask=mask)
+        else:
+            low, high = tl.split(tl.reshape(codes, [NB, _HALF_QB, 2]))
+            tl.store(x_ptr + code_off, (low | (high << 4)).to(tl.uint8), mask=code_mask)
+        tl.store(s_ptr + blk, exponent.to(tl.uint8), mask=bmask)
+
+
+@triton.jit
+def _meta_ptr(meta, row, num_tensors, t, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    p = tl.load(meta + row * num_tensors + t).to(tl.pointer_type(DTYPE))
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p
+
+
+@triton.jit(
+    do_not_specialize=[
+        "num_tensors",
+        "num_items",
+        "lr_bits",
+        "wd",
+        "wd_bits",
+        "beta2",
+        "omb1",
+        "omb2",
+        "eps",
+    ]
+)
+def _blockwise_adam_kernel(
+    meta,
+    grads,
+    items,
+    num_tensors,
+    num_items,
+    scalars,
+    keys,
+    grad_scale,
+    found_inf,
+    lr_ptr,
+    lr_bits,
+    wd,
+    wd_bits,
+    beta2,
+    omb1,
+    omb2,
+    eps,
+    P_DTYPE: tl.constexpr,
+    G_DTYPE: tl.constexpr,
+    M_DTYPE: tl.constexpr,
+    V_DTYPE: tl.constexpr,
+    X_DTYPE: tl.constexpr,
+    FMT_M: tl.constexpr,
+    FMT_V: tl.constexpr,
+    M_EB: tl.constexpr,
+    M_MB: tl.constexpr,
+    V_EB: tl.constexpr,
+    V_MB: tl.constexpr,
+    HAS_MASTER: tl.constexpr,
+    AMSGRAD: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    HAS_WD: tl.constexpr,
+    DECOUPLED: tl.constexpr,
+    WEIGHT_SMALL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_FOUND: tl.constexpr,
+    LR_FROM_PTR: tl.constexpr,
+    SR: tl.constexpr,
+    FULL: tl.constexpr,
+    G_ALIGNED: tl.constexpr,
+    INT_BF16: tl.constexpr,
+    NB: tl.constexpr,
+    ITEM_BLOCKS: tl.constexpr,
+):
+    """One Adam step over the work items ``items`` (int64 [num_items, 2]: tensor, first block) of tensors that all
+    have the moment formats FMT_M / FMT_V. FULL: every row is whole blocks and every parameter/state address is
+    16-byte aligned (unmasked columns, vector accesses); G_ALIGNED: so are the gradients."""
+    if _skipped(found_inf, HAS_FOUND):
+        return
+    QUANT: tl.constexpr = FMT_M == _Q8 or FMT_M == _Q4 or FMT_V == _Q8 or FMT_V == _Q4
+    inv = 1.0
+    if HAS_SCALE:
+        inv = (1.0 / tl.load(grad_scale).to(tl.float64)).to(tl.float32)  # as GradScaler.unscale_ rounds it
+    if LR_FROM_PTR:
+        lr = tl.load(lr_ptr).to(tl.float64)
+    else:
+        lr = _f64(lr_bits)
+    decay = (1.0 - lr * _f64(wd_bits)).to(tl.float32)  # float64, as the native kernels
+    lanes = tl.arange(0, _QB)
+    half_lanes = tl.arange(0, _HALF_QB)
+    for c in range(tl.program_id(0), num_items, tl.num_programs(0)):
+        t = tl.load(items + 2 * c).to(tl.int32)
+        b0 = tl.load(items + 2 * c + 1).to(tl.int32)
+        cols = tl.load(meta + _COLS * num_tensors + t)  # int64 (numel for an unquantized tensor)
+        nblk = tl.load(meta + _NBLK * num_tensors + t).to(tl.int32)
+        if FULL:
+            cols = tl.multiple_of(cols, _QB)
+        bend = tl.minimum(b0 + ITEM_BLOCKS, tl.load(meta + _BLOCKS * num_tensors + t).to(tl.int32))
+        p_ptr = _meta_ptr(meta, _PARAM, num_tensors, t, P_DTYPE, FULL)
+        g_ptr = tl.load(grads + t).to(tl.pointer_type(G_DTYPE))
+        if G_ALIGNED:
+            g_ptr = tl.multiple_of(g_ptr, 16)
+        m_ptr = _meta_ptr(meta, _EXP_AVG, num_tensors, t, M_DTYPE, FULL)
+        ms_ptr = _meta_ptr(meta, _EXP_AVG_SCALE, num_tensors, t, tl.uint8, False)
+        v_ptr = _meta_ptr(meta, _EXP_AVG_SQ, num_tensors, t, V_DTYPE, FULL)
+        vs_ptr = _meta_ptr(meta, _EXP_AVG_SQ_SCALE, num_tensors, t, tl.uint8, False)
+        step_size = tl.load(scalars + 2 * t)
+        bc2_sqrt = tl.load(scalars + 2 * t + 1)
+        if SR:
+            key = tl.load(keys + t).to(tl.uint32, bitcast=True)
+            offset = tl.load(meta + _OFFSET * num_tensors + t)
+        for tb in range(b0, bend, NB):
+            blk = tb + tl.arange(0, NB)
+            bmask = blk < bend
+            if QUANT:
+                row = blk // nblk
+                jb = blk - row * nblk
+                row_start = row.to(tl.int64) * cols
+                if FULL:
+                    row_start = tl.multiple_of(row_start, _QB)
+                block_start = row_start + jb * _QB
+                col = jb[:, None] * _QB + lanes[None, :]
+                # Q4 codes: byte j of a row holds elements 2j, 2j + 1; a block's 128 elements fill 64 bytes.
+                code_col = jb[:, None] * _HALF_QB + half_lanes[None, :]
+                if FULL:
+                    code_row = tl.multiple_of(row.to(tl.int64) * (cols // 2), _HALF_QB)
+                    code_mask = tl.broadcast_to(bmask[:, None], [NB, _HALF_QB])
+                else:
+                    code_cols = (cols + 1) // 2
+                    code_row = row.to(tl.int64) * code_cols
+                    code_mask = bmask[:, None] & (code_col < code_cols)
+                code_off = code_row[:, None] + code_col
+            else:
+                # One row (cols = numel): the tile is NB * 128 consecutive elements.
+                block_start = blk.to(tl.int64) * _QB
+                col = block_start[:, None] + lanes[None, :]
+                code_off = col
+                code_mask = bmask[:, None]
+            flat = block_start[:, None] + lanes[None, :]
+            if FULL:
+                mask = tl.broadcast_to(bmask[:, None], [NB, _QB])  # constant along a block: vector accesses
+            else:
+                mask = bmask[:, None] & (col < cols)
+            at = (flat, mask, code_off, code_mask, blk, bmask)
+            g = tl.load(g_ptr + flat, mask=mask, other=0.0).to(tl.float32) * inv
+            if MAXIMIZE:
+                g = -g
+            if HAS_MASTER:
+                w_ptr = _meta_ptr(meta, _MASTER, num_tensors, t, tl.float32, FULL)
+                p = tl.load(w_ptr + flat, mask=mask, other=0.0)
+            else:
+                p = tl.load(p_ptr + flat, mask=mask, other=0.0).to(tl.float32)
+            if HAS_WD:
+                if DECOUPLED:
+                    p = p * decay
+                else:
+                    g = g + wd * p
+            m = _load_moment(m_ptr, ms_ptr, at, FMT_M, M_EB, M_MB, True, NB)
+            v = _load_moment(v_ptr, vs_ptr, at, FMT_V, V_EB, V_MB, False, NB)
+            m = _lerp(m, g, omb1, WEIGHT_SMALL)
+            v = v * beta2 + omb2 * g * g
+            second = v
+            if AMSGRAD:
+                x_ptr = _meta_ptr(meta, _MAX_EXP_AVG_SQ, num_tensors, t, X_DTYPE, FULL)
+                vmax = tl.maximum(
+                    tl.load(x_ptr + flat, mask=mask, other=0.0).to(tl.float32), v, propagate_nan=tl.PropagateNan.ALL
+                )
+                tl.store(x_ptr + flat, _rounded(vmax, X_DTYPE, INT_BF16), mask=mask)
+                second = vmax
+            denom = tl.div_rn(tl.sqrt_rn(second), bc2_sqrt) + eps
+            p = p - step_size * tl.div_rn(m, denom)
+            _store_moment(
+                m,
+                m_ptr,
+                ms_ptr,
+                at,
+                FMT_M,
+                M_EB,
+                M_MB,
+                True,
+                NB,
+                M_DTYPE,
+                FULL,
+                INT_BF16,
+            )
+            _store_moment(
+                v,
+                v_ptr,
+                vs_ptr,
+                at,
+                FMT_V,
+                V_EB,
+                V_MB,
+                False,
+                NB,
+                V_DTYPE,
+                FULL,
+                INT_BF16,
+            )
+            if HAS_MASTER:
+                tl.store(w_ptr + flat, p, mask=mask)
+            if SR:
+                # reference.rounding_bits at global flat index offset + flat, then stochastic_round_to_bf16. The
+                # index's high word hashed per block: the block's, or the next one past a 2^32 crossing inside it.
+                base = offset + block_start
+                low = base.to(tl.uint32)
+                high = (base >> 32).to(tl.uint32)
+                ulanes = lanes[None, :].to(tl.uint32)
+                room = tl.full([], 0xFFFFFFFF, tl.uint32) - low  # lanes past it wrap the low word
+                hi = tl.where(ulanes > room[:, None], _mix32(high + 1)[:, None], _mix32(high)[:, None])
+                random16 = _mix32(((key + low)[:, None] + ulanes) ^ hi) >> 16
+                tl.store(p_ptr + flat, _bf16(p, random16), mask=mask)
+            else:
+                tl.store(p_ptr + flat, _rounded(p, P_DTYPE, INT_BF16), mask=mask)
