@@ -51,8 +51,9 @@ _MOMENT_DTYPES = {
 }
 _MOMENT_ALIASES = {"8bit": torch.uint8, "4bit": torch.uint4, "float32": torch.float32, "bfloat16": torch.bfloat16}
 _QUANTIZED = (STATE_Q8, STATE_Q4)
-# A quantized moment's state entry names its code: state["exp_avg_code"] = "8bit" (checkpoints say what they hold).
-_CODE_NAMES = {STATE_Q8: "8bit", STATE_Q4: "4bit"}
+# A quantized moment's state names its code's width: state["exp_avg_bits"] = 8 (checkpoints say what they hold; an
+# int, as torch's load_state_dict would take a string apart).
+_CODE_NAMES = {STATE_Q8: 8, STATE_Q4: 4}
 _CODE_FORMATS = {name: fmt for fmt, name in _CODE_NAMES.items()}
 _FORMAT_DTYPES = {STATE_F32: torch.float32, STATE_BF16: torch.bfloat16}
 
@@ -245,13 +246,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         for group, options in zip(self.param_groups, kept, strict=True):
             group.update(options)
-        # torch casts every floating state tensor to its parameter's dtype; restore the saved dtype (float32 master
-        # weights and moments of float16/bfloat16 parameters, bfloat16 moments of float32 parameters).
+        # torch casts every state tensor to its parameter's dtype; restore the saved dtype (float32 master weights
+        # and moments of float16/bfloat16 parameters, bfloat16 moments of float32 parameters, uint8 codes).
         for saved, group in zip(saved_groups, self.param_groups, strict=True):
             for saved_id, p in zip(saved["params"], group["params"], strict=True):
                 entry = saved_state.get(saved_id, {})
                 for key, value in entry.items():
-                    if isinstance(value, torch.Tensor) and key != "step" and value.is_floating_point():
+                    if isinstance(value, torch.Tensor) and key != "step":
                         self.state[p][key] = value.to(_local(p).device)
                 self._decode_loaded(self.state[p], entry, saved, p)
         self._plans.clear()
@@ -754,7 +755,7 @@ class FusedAdam(_FusedOptimizer):
     def _moment(self, state: dict, key: str, p: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``state[key]`` in format ``fmt`` and its block exponents (an empty uint8 tensor when not quantized),
         created as zeros or converted from a loaded float tensor."""
-        scale_key, code_key = f"{key}_scale", f"{key}_code"
+        scale_key, code_key = f"{key}_scale", f"{key}_bits"
         value, scales = state.get(key), state.get(scale_key)
         held = _CODE_FORMATS.get(state.get(code_key))
         if held is not None and held != fmt:  # stored in another code (the option changed): decode it first
@@ -797,19 +798,19 @@ class FusedAdam(_FusedOptimizer):
         return [exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, max_sq, master, step]
 
     def _check_saved_tensor(self, key, value, entry, p, group, where):
-        if key in ("exp_avg_code", "exp_avg_sq_code"):
+        if key in ("exp_avg_bits", "exp_avg_sq_bits"):
             if value not in _CODE_FORMATS:
-                raise ValueError(f"{where} must be '8bit' or '4bit', got {value!r}")
+                raise ValueError(f"{where} must be 8 or 4, got {value!r}")
             return
         if key in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"):
             moment = key.removesuffix("_scale")
             codes = entry.get(moment)
             if isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8:
-                fmt = _CODE_FORMATS.get(entry.get(f"{moment}_code"))
+                fmt = _CODE_FORMATS.get(entry.get(f"{moment}_bits"))
                 if fmt is None:
                     raise ValueError(
-                        f"{where}: uint8 codes need '{moment}_code' set to '8bit' or '4bit', got "
-                        f"{entry.get(f'{moment}_code')!r}"
+                        f"{where}: uint8 codes need '{moment}_bits' set to 8 or 4, got "
+                        f"{entry.get(f'{moment}_bits')!r}"
                     )
                 codes_shape, scales_shape = reference.quant_layout(p.shape, fmt)
                 expected = scales_shape if key.endswith("_scale") else codes_shape
@@ -832,14 +833,14 @@ class FusedAdam(_FusedOptimizer):
             codes = saved.get(key)
             if not (isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8):
                 continue
-            fmt = _CODE_FORMATS[saved[f"{key}_code"]]
+            fmt = _CODE_FORMATS[saved[f"{key}_bits"]]
             if self._blockwise(group, p.dtype) and self._format(p, group, f"{key}_dtype") == fmt:
                 continue
             local = _local(p)
             state[key] = reference.dequantize_blockwise(
                 codes.to(local.device), saved[f"{key}_scale"].to(local.device), fmt, key == "exp_avg_sq", local.shape
             )
-            for k in (f"{key}_scale", f"{key}_code"):
+            for k in (f"{key}_scale", f"{key}_bits"):
                 state.pop(k, None)
 
     def state_dict(self, dequantize: bool = False) -> dict[str, Any]:
@@ -858,7 +859,7 @@ class FusedAdam(_FusedOptimizer):
             for key in ("exp_avg", "exp_avg_sq"):
                 value = entry.get(key)
                 if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
-                    fmt = _CODE_FORMATS[entry.pop(f"{key}_code")]
+                    fmt = _CODE_FORMATS[entry.pop(f"{key}_bits")]
                     entry[key] = reference.dequantize_blockwise(
                         value, entry.pop(f"{key}_scale"), fmt, key == "exp_avg_sq", _local(p).shape
                     )

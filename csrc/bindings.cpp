@@ -12,6 +12,7 @@
 
 #include "common/constants.h"
 #include "matmul/scaled_matmul.h"
+#include "optim/blockwise_table.h"
 #include "optim/optimizer_table.h"
 #include "scaler/grad_table.h"
 
@@ -118,4 +119,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("grad_scale"), pybind11::arg("found_inf"))
       .def_property_readonly("uploads", &ampkernels::OptimizerTable::uploads)
       .def("addresses", &ampkernels::OptimizerTable::addresses);
+
+  pybind11::class_<ampkernels::BlockwiseAdamTable>(m, "BlockwiseAdamTable")
+      .def(pybind11::init<std::vector<at::Tensor>, std::vector<std::vector<at::Tensor>>,
+                          std::vector<ampkernels::BlockwiseAdamTable::Layout>, std::vector<at::Tensor>,
+                          at::ScalarType>(),
+           pybind11::arg("params"), pybind11::arg("state"), pybind11::arg("layout"), pybind11::arg("watch"),
+           pybind11::arg("grad_dtype"))
+      .def("step_adam", &ampkernels::BlockwiseAdamTable::step_adam, pybind11::arg("lr"), pybind11::arg("lr_tensor"),
+           pybind11::arg("beta1"), pybind11::arg("beta2"), pybind11::arg("eps"), pybind11::arg("weight_decay"),
+           pybind11::arg("amsgrad"), pybind11::arg("maximize"), pybind11::arg("decoupled_weight_decay"),
+           pybind11::arg("grad_scale"), pybind11::arg("found_inf"), pybind11::arg("stochastic_rounding"),
+           pybind11::arg("seed"))
+      .def_property_readonly("uploads", &ampkernels::BlockwiseAdamTable::uploads)
+      .def_property_readonly("num_blocks", &ampkernels::BlockwiseAdamTable::num_blocks)
+      .def("addresses", &ampkernels::BlockwiseAdamTable::addresses);
 }

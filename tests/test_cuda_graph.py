@@ -29,13 +29,20 @@ def _optimizers():
         if hasattr(ampkernels, name):
             cls = getattr(ampkernels, name)
             kinds[name] = lambda params, cls=cls: cls(params, lr=torch.tensor(1e-2, device="cuda"))
+    if hasattr(ampkernels, "FusedAdamW"):  # the blockwise step: the first Linear's weight gets quantized moments
+        kinds["FusedAdamW-8bit"] = lambda params: ampkernels.FusedAdamW(
+            params, lr=torch.tensor(1e-2, device="cuda"), exp_avg_dtype="8bit", exp_avg_sq_dtype="8bit"
+        )
+        kinds["FusedAdamW-4bit-bf16"] = lambda params: ampkernels.FusedAdamW(
+            params, lr=torch.tensor(1e-2, device="cuda"), exp_avg_dtype="bf16", exp_avg_sq_dtype="4bit"
+        )
     return kinds
 
 
 def _model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+    return torch.nn.Sequential(  # 32 x 128: 4096 weights, the smallest tensor with quantized moments
+        torch.nn.Linear(32, 128), torch.nn.LayerNorm(128), torch.nn.GELU(), torch.nn.Linear(128, 8)
     ).cuda()
 
 
@@ -300,8 +307,8 @@ def test_two_graphs_over_one_optimizer_replay_correctly_after_each_other():
 def _bn_dropout_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.GELU(), torch.nn.Dropout(0.25),
-        torch.nn.Linear(64, 8),
+        torch.nn.Linear(32, 128), torch.nn.BatchNorm1d(128), torch.nn.GELU(), torch.nn.Dropout(0.25),
+        torch.nn.Linear(128, 8),
     ).cuda()  # fmt: skip
 
 

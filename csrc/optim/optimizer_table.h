@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/checks.h"
-#include "common/grad.h"
+#include "optim/gradient_tracker.h"
 #include "optim/optimizer.h"
 
 namespace ampkernels {
@@ -48,9 +48,8 @@ class AMPK_HIDDEN OptimizerTable {
   // false (nothing launched) once any of them has one, and the caller rebuilds.
   OptimizerTable(OptimizerKind kind, std::vector<at::Tensor> params, std::vector<std::vector<at::Tensor>> state,
                  std::vector<at::Tensor> watch, at::ScalarType grad_dtype)
-      : kind_(kind), params_(std::move(params)), state_(std::move(state)), watch_(std::move(watch)),
-        grad_dtype_(grad_dtype) {
-    AMPK_CHECK_ARG(!params_.empty(), "params", "expected at least one parameter");
+      : kind_(kind), grads_(params, std::move(watch), grad_dtype), params_(std::move(params)),
+        state_(std::move(state)), grad_dtype_(grad_dtype) {
     AMPK_CHECK_ARG(static_cast<int>(state_.size()) == kNumLists - 1, "state", "expected ", kNumLists - 1, " lists");
     device_ = params_[0].device();
     param_dtype_ = params_[0].scalar_type();
@@ -97,79 +96,24 @@ class AMPK_HIDDEN OptimizerTable {
                    " for ", param_dtype_, " parameters");
     table_ = std::make_unique<TensorTable>(params_, device_);
     TORCH_INTERNAL_ASSERT(table_->groups().size() == 1, "one parameter dtype per table");
-    param_ptrs_.reserve(n);
-    for (const auto& p : params_) {
-      param_ptrs_.push_back(p.data_ptr());
-      param_sizes_.emplace_back(p.sizes().begin(), p.sizes().end());
-      param_strides_.emplace_back(p.strides().begin(), p.strides().end());
-    }
-    check_distinct();
+    check_distinct(grads_.param_ptrs(), params_);
     host_lists_.assign(kNumLists * n, 0);
     for (int k = 0; k < kNumLists - 1; ++k)
       for (size_t i = 0; i < state_[k].size(); ++i)
         host_lists_[(k + 1) * n + i] = reinterpret_cast<int64_t>(state_[k][i].data_ptr());
-    grad_ptrs_.assign(n, nullptr);
-    grad_same_layout_.assign(n, 0);
-    staged_.assign(n, at::Tensor());
     scalars_ = at::empty({n, 2}, at::TensorOptions().dtype(at::kFloat).device(device_));
     retain_if_capturing(device_, {&scalars_});
   }
 
-  // Re-reads the parameters and their gradients. False (the caller rebuilds the table): a parameter's memory, shape
-  // or strides changed (`p.data = ...`, `p.data.resize_()`: its state no longer matches, and the kernels would walk
-  // the old extent), a parameter lost its gradient, a watched one gained one, or a gradient changed dtype or layout
-  // type. Re-uploads the gradient addresses when a gradient moved or its strides changed (a gradient laid out unlike
-  // its parameter is read through a copy in the parameter's layout). Raises when a gradient's shape is not its
-  // parameter's. The check runs on the intra-op pool (all_params_pass); only the gradients that changed are then
-  // updated, serially.
+  // Re-reads the parameters and their gradients (GradientTracker::refresh); false: the caller rebuilds the table.
+  // Re-uploads the gradient addresses when a gradient moved.
   bool refresh() {
-    for (const auto& w : watch_)
-      if (grad_of(w) != nullptr) return false;
-    const int64_t n = static_cast<int64_t>(params_.size());
-    std::atomic<bool> any_moved{false};
-    std::atomic<int64_t> bad_shape{-1};
-    moved_.assign(n, 0);
-    const bool fresh = all_params_pass(n, [&](int64_t i) {
-      const at::Tensor& p = params_[i];
-      if (p.data_ptr() != param_ptrs_[i] || p.sizes() != at::IntArrayRef(param_sizes_[i]) ||
-          p.strides() != at::IntArrayRef(param_strides_[i]))
-        return false;
-      const at::Tensor* g = grad_of(p);
-      if (g == nullptr || g->layout() != at::kStrided || g->scalar_type() != grad_dtype_ || g->device() != device_)
-        return false;
-      if (g->sizes() != p.sizes()) {
-        bad_shape.store(i, std::memory_order_relaxed);
-        return false;
-      }
-      const bool same_layout = g->strides() == p.strides();
-      if (g->data_ptr() != grad_ptrs_[i] || same_layout != static_cast<bool>(grad_same_layout_[i])) {
-        moved_[i] = 1;
-        any_moved.store(true, std::memory_order_relaxed);
-      }
-      return true;
-    });
-    const int64_t bad = bad_shape.load();
-    if (bad >= 0)
-      AMPK_CHECK_ARG(false, "params", "parameter ", bad, " has shape ", list_of(params_[bad].sizes()),
-                     " but its gradient has shape ", list_of(grad_of(params_[bad])->sizes()));
-    if (!fresh) return false;
-    if (any_moved.load()) {
-      for (int64_t i = 0; i < n; ++i) {
-        if (!moved_[i]) continue;
-        const at::Tensor& p = params_[i];
-        const at::Tensor& g = *grad_of(p);
-        const bool same_layout = g.strides() == p.strides();
-        if (!same_layout && !staged_[i].defined()) {
-          staged_[i] = at::empty_like(p, p.options().dtype(grad_dtype_));
-          retain_if_capturing(device_, {&staged_[i]});
-        }
-        if (same_layout) staged_[i] = at::Tensor();
-        grad_ptrs_[i] = g.data_ptr();
-        grad_same_layout_[i] = same_layout;
-        host_lists_[kGradList * n + i] = reinterpret_cast<int64_t>(same_layout ? grad_ptrs_[i] : staged_[i].data_ptr());
-      }
-    }
-    if (any_moved.load() || !lists_.defined()) upload();
+    const auto state = grads_.refresh();
+    if (state == GradientTracker::kStale) return false;
+    const size_t n = params_.size();
+    if (state == GradientTracker::kMoved)
+      for (size_t i = 0; i < n; ++i) host_lists_[kGradList * n + i] = grads_.grad_address(i);
+    if (state == GradientTracker::kMoved || !lists_.defined()) upload();
     return true;
   }
 
@@ -218,7 +162,7 @@ class AMPK_HIDDEN OptimizerTable {
   std::vector<std::pair<std::string, int64_t>> addresses() const {
     static const char* kNames[kNumLists] = {"grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param", "step"};
     std::vector<std::pair<std::string, int64_t>> out;
-    for (const void* p : param_ptrs_) out.emplace_back("param", reinterpret_cast<int64_t>(p));
+    for (const void* p : grads_.param_ptrs()) out.emplace_back("param", reinterpret_cast<int64_t>(p));
     const size_t n = params_.size();
     for (int k = 0; k < kNumLists; ++k)
       for (size_t i = 0; i < n; ++i)
@@ -229,20 +173,6 @@ class AMPK_HIDDEN OptimizerTable {
   }
 
  private:
-  // Two entries for one parameter (torch.optim only warns about duplicates) would be stepped twice by concurrent
-  // blocks, racing on the parameter and its state. Parameters sharing one gradient are fine: gradients are read-only.
-  void check_distinct() const {
-    std::vector<std::pair<const void*, int64_t>> order;
-    order.reserve(param_ptrs_.size());
-    for (size_t i = 0; i < param_ptrs_.size(); ++i)
-      if (params_[i].numel() > 0) order.emplace_back(param_ptrs_[i], static_cast<int64_t>(i));
-    std::sort(order.begin(), order.end());
-    for (size_t k = 1; k < order.size(); ++k)
-      AMPK_CHECK_ARG(order[k].first != order[k - 1].first, "params", "parameters ", order[k - 1].second, " and ",
-                     order[k].second, " share their memory (the same parameter twice in one param group?); each "
-                     "parameter must appear once");
-  }
-
   OptimizerLaunch make_launch(double lr, const std::optional<at::Tensor>& lr_tensor,
                               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
     check_optional_scalar(grad_scale, "grad_scale", device_);
@@ -264,36 +194,23 @@ class AMPK_HIDDEN OptimizerTable {
   }
 
   void launch(const OptimizerLaunch& l) {
-    for (size_t i = 0; i < staged_.size(); ++i)
-      if (staged_[i].defined()) staged_[i].copy_(*grad_of(params_[i]));
+    grads_.stage();
     dispatch_launch(l);
   }
 
   void upload() {
-    // A fresh pinned buffer every time: the previous one may still be read by an asynchronous copy. A copy captured
-    // in a CUDA graph reads it again at every replay, also after a later upload replaced it here (when it was freed,
-    // the pinned allocator handed it out again and replays read garbage addresses): retained while capturing.
-    const auto opts = at::TensorOptions().dtype(at::kLong).pinned_memory(device_.is_cuda());
-    lists_host_ = at::empty({static_cast<int64_t>(host_lists_.size())}, opts);
-    std::copy(host_lists_.begin(), host_lists_.end(), lists_host_.data_ptr<int64_t>());
-    lists_ = device_.is_cpu() ? lists_host_ : lists_host_.to(device_, /*non_blocking=*/true);
-    retain_if_capturing(device_, {&lists_host_, &lists_});
+    upload_int64(host_lists_, device_, lists_host_, lists_);
     ++uploads_;
   }
 
   OptimizerKind kind_;
+  GradientTracker grads_;
   std::vector<at::Tensor> params_;
   std::vector<std::vector<at::Tensor>> state_;
-  std::vector<at::Tensor> watch_;
   at::ScalarType grad_dtype_, param_dtype_ = at::kFloat, state_dtype_ = at::kFloat;
   at::Device device_ = at::kCPU;
   std::unique_ptr<TensorTable> table_;
-  std::vector<const void*> param_ptrs_, grad_ptrs_;
-  std::vector<c10::DimVector> param_sizes_, param_strides_;  // what the state and the table were built for
-  std::vector<uint8_t> grad_same_layout_;  // per parameter: its gradient had its strides at the last upload
   std::vector<int64_t> host_lists_;
-  std::vector<at::Tensor> staged_;  // per parameter: a copy of its gradient in its layout, when they differ
-  std::vector<uint8_t> moved_;      // per parameter, during refresh(): its gradient moved since the last upload
   at::Tensor lists_, lists_host_, scalars_;
   int64_t uploads_ = 0;
 };

@@ -1,0 +1,174 @@
+// The blockwise Adam step: Adam/AdamW with the moments stored as float32, bfloat16, or 8-bit / 4-bit block floating
+// point codes, and optional stochastic rounding of bfloat16 parameters (FusedAdam's exp_avg_dtype,
+// exp_avg_sq_dtype, stochastic_rounding). The codes, their layout and the random stream are those of
+// ampkernels/reference.py ("low-precision optimizer state"): integer arithmetic on float32 bit patterns, so every
+// backend encodes the same float32 value to the same code. The element math is optimizer.h's adam_element.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/macros/Macros.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "optim/optimizer.h"
+
+namespace ampkernels {
+
+// Storage formats (ampkernels/_constants.py STATE_*).
+enum MomentFormat : int { kF32 = 0, kBF16 = 1, kQ8 = 2, kQ4 = 3 };
+constexpr int kQuantBlock = 128;  // elements per block, along the last dimension (_constants.QUANT_BLOCK)
+
+// Per-tensor metadata, int64 [T, kMetaCols] on the device (BlockwiseAdamTable builds it).
+enum BlockwiseMeta : int {
+  kMetaFirstBlock = 0,  // index of the tensor's first block in the launch (a prefix sum; entry T = total blocks)
+  kMetaNumel,
+  kMetaCols,            // row length: the last dimension when a moment is quantized, else numel (one row)
+  kMetaFormats,         // first moment format | second moment format << 8 | vector-aligned << 16
+  kMetaSalt,
+  kMetaOffset,          // flat index of element 0 in the full (unsharded) tensor
+  kMetaParam,           // addresses
+  kMetaGrad,
+  kMetaExpAvg,
+  kMetaExpAvgScale,
+  kMetaExpAvgSq,
+  kMetaExpAvgSqScale,
+  kMetaMaxExpAvgSq,
+  kMetaMaster,
+  kMetaStep,
+  kMetaCount = 16,  // (one unused column: rows of 128 bytes)
+};
+
+struct BlockwiseLaunch {
+  at::Device device = at::kCPU;
+  int64_t num_tensors = 0, num_blocks = 0;
+  at::Tensor meta;     // int64 [T + 1, kMetaCount] (row T: kMetaFirstBlock = num_blocks)
+  at::Tensor scalars;  // float32 [T, 4] scratch: step_size, bc2_sqrt, rounding key (bits), unused
+  at::ScalarType param_dtype = at::kFloat, grad_dtype = at::kFloat;
+  bool master = false, stochastic_rounding = false;
+  uint64_t seed = 0;
+  at::Tensor grad_scale, found_inf, lr_tensor;  // as OptimizerLaunch
+  double lr = 0.0;
+  AdamHyper adam{};
+};
+
+void blockwise_adam_cpu(const BlockwiseLaunch& launch);
+#ifdef AMPK_WITH_CUDA
+void blockwise_adam_cuda(const BlockwiseLaunch& launch);
+#endif
+
+// ---- codes (reference.py: _encode, _decode, _block_exponent, quant_code) ----
+
+struct Code {
+  int exp_bits, man_bits;
+  bool is_signed;
+};
+
+C10_HOST_DEVICE inline Code code_of(int format, bool second_moment) {
+  if (format == kQ8) return second_moment ? Code{5, 3, false} : Code{4, 3, true};
+  return second_moment ? Code{4, 0, false} : Code{2, 1, true};
+}
+
+C10_HOST_DEVICE inline uint32_t bits_of(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x);
+#else
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+#endif
+}
+
+C10_HOST_DEVICE inline float float_of(uint32_t b) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(b);
+#else
+  float x;
+  std::memcpy(&x, &b, 4);
+  return x;
+#endif
+}
+
+// The biased exponent in [1, 253] that puts `absmax`, rounded to `man_bits`, in [1, 2).
+C10_HOST_DEVICE inline int block_exponent(float absmax, int man_bits) {
+  const int e = static_cast<int>(((bits_of(absmax) + (1u << (22 - man_bits))) >> 23) & 0xFF);
+  return e < 1 ? 1 : (e > 253 ? 253 : e);
+}
+
+// 2^(e - 127) for a biased exponent e in [1, 254].
+C10_HOST_DEVICE inline float pow2_biased(int e) { return float_of(static_cast<uint32_t>(e) << 23); }
+
+// The code of magnitude y >= 0 (below 2 unless non-finite), rounded to nearest.
+C10_HOST_DEVICE inline uint32_t encode_magnitude(float y, Code c) {
+  const int top = (1 << c.exp_bits) - 1;
+  const int max_code = (1 << (c.exp_bits + c.man_bits)) - 1;
+  int code;
+  if (y < float_of(static_cast<uint32_t>(128 - top) << 23)) {  // below 2^(1 - top): a uniform grid
+    code = static_cast<int>(::floorf(y * float_of(static_cast<uint32_t>(127 + top - 1 + c.man_bits) << 23) + 0.5f));
+  } else {
+    const uint32_t b = bits_of(y);
+    // NaN and inf have exponent bits 255: far above max_code.
+    const int64_t normal = static_cast<int64_t>((b + (1u << (22 - c.man_bits))) >> (23 - c.man_bits)) -
+                           (static_cast<int64_t>(127 - top) << c.man_bits);
+    code = normal > max_code ? max_code : static_cast<int>(normal);
+  }
+  return static_cast<uint32_t>(code < 0 ? 0 : (code > max_code ? max_code : code));
+}
+
+C10_HOST_DEVICE inline float decode_magnitude(uint32_t code, Code c) {
+  const int top = (1 << c.exp_bits) - 1;
+  if (code < (1u << c.man_bits))
+    return static_cast<float>(code) * float_of(static_cast<uint32_t>(127 + 1 - top - c.man_bits) << 23);
+  return float_of((code + (static_cast<uint32_t>(127 - top) << c.man_bits)) << (23 - c.man_bits));
+}
+
+// The code of x in a block of biased exponent e (multiplier = 2^(127 - e), exact).
+C10_HOST_DEVICE inline uint32_t encode(float x, float multiplier, Code c) {
+  uint32_t code = encode_magnitude(::fabsf(x) * multiplier, c);
+  if (c.is_signed) {
+    if (x < 0.f && code > 0) code |= 1u << (c.exp_bits + c.man_bits);
+  } else if (code == 0) {
+    code = 1;  // the second moment is never zero (reference.py says why)
+  }
+  return code;
+}
+
+// The value of `code` in a block of biased exponent e (0: a fresh block of zeros).
+C10_HOST_DEVICE inline float decode(uint32_t code, int e, Code c) {
+  if (e == 0) return 0.f;
+  const uint32_t magnitude_bits = c.exp_bits + c.man_bits;
+  const float y = decode_magnitude(code & ((1u << magnitude_bits) - 1), c);
+  const float x = y * pow2_biased(e);
+  return c.is_signed && (code >> magnitude_bits) != 0 ? -x : x;
+}
+
+// ---- stochastic rounding (reference.py: _mix32, rounding_key, rounding_bits, stochastic_round_to_bf16) ----
+
+C10_HOST_DEVICE inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+C10_HOST_DEVICE inline uint32_t rounding_key(uint64_t seed, int64_t salt, float step) {
+  uint32_t k = mix32(static_cast<uint32_t>(seed));
+  k = mix32(k ^ static_cast<uint32_t>(seed >> 32));
+  k = mix32(k ^ static_cast<uint32_t>(salt));
+  return mix32(k + static_cast<uint32_t>(static_cast<int64_t>(step)));
+}
+
+C10_HOST_DEVICE inline uint32_t rounding_bits(uint32_t key, int64_t index) {
+  const uint32_t hi = mix32(static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32));
+  return mix32((key + static_cast<uint32_t>(index)) ^ hi) >> 16;
+}
+
+// The bfloat16 bits of x rounded stochastically with 16 random bits (NaN: the quiet NaN torch's rounding gives).
+C10_HOST_DEVICE inline uint16_t stochastic_round_bf16_bits(float x, uint32_t random16) {
+  const uint32_t b = bits_of(x);
+  if (x != x) return 0x7FC0;
+  return static_cast<uint16_t>((b + random16) >> 16);
+}
+
+}  // namespace ampkernels

@@ -1,0 +1,236 @@
+// BlockwiseAdamTable: the launch table of one bucket of FusedAdam's blockwise step (low-precision moments or
+// stochastic rounding; blockwise.h). Built once per bucket; each step re-reads the gradients in one C++ pass
+// (GradientTracker) and launches the prologue and the step kernel. Bound to Python in bindings.cpp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/checks.h"
+#include "optim/blockwise.h"
+#include "optim/gradient_tracker.h"
+#include "optim/optimizer_table.h"
+
+namespace ampkernels {
+
+// Order of the state lists (ampkernels/optimizers.py _BLOCKWISE_KEYS).
+enum BlockwiseList : int { kBwExpAvg, kBwExpAvgScale, kBwExpAvgSq, kBwExpAvgSqScale, kBwMax, kBwMaster, kBwStep, kBwLists };
+
+class AMPK_HIDDEN BlockwiseAdamTable {
+ public:
+  using Layout = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;  // fmt_m, fmt_v, cols, salt, offset
+
+  BlockwiseAdamTable(std::vector<at::Tensor> params, std::vector<std::vector<at::Tensor>> state,
+                     std::vector<Layout> layout, std::vector<at::Tensor> watch, at::ScalarType grad_dtype)
+      : grads_(params, std::move(watch), grad_dtype), state_(std::move(state)) {
+    const auto& ps = grads_.params();
+    const int64_t n = grads_.size();
+    device_ = grads_.device();
+    param_dtype_ = ps[0].scalar_type();
+    AMPK_CHECK_ARG(device_.is_cpu() || device_.is_cuda(), "params", "no kernels for parameters on ", device_);
+    AMPK_CHECK_ARG(is_optimizer_dtype(param_dtype_), "params", "parameter dtype ", param_dtype_,
+                   " is not supported (float32, float16, bfloat16)");
+    AMPK_CHECK_ARG(is_optimizer_dtype(grad_dtype), "grad_dtype", "gradient dtype ", grad_dtype,
+                   " is not supported (float32, float16, bfloat16)");
+    AMPK_CHECK_ARG(static_cast<int>(state_.size()) == kBwLists, "state", "expected ", int(kBwLists), " lists");
+    AMPK_CHECK_ARG(static_cast<int64_t>(layout.size()) == n, "layout", "expected ", n, " entries");
+    for (int k = 0; k < kBwLists; ++k) {
+      const bool optional = k == kBwMax || k == kBwMaster;
+      AMPK_CHECK_ARG(static_cast<int64_t>(state_[k].size()) == n || (optional && state_[k].empty()), "state",
+                     "list ", k, " has ", state_[k].size(), " tensors for ", n, " parameters");
+    }
+    master_ = !state_[kBwMaster].empty();
+    AMPK_CHECK_ARG(!master_ || param_dtype_ != at::kFloat, "master_param", "float32 parameters have no master");
+    check_distinct(grads_.param_ptrs(), ps);
+    meta_host_values_.assign((n + 1) * kMetaCount, 0);
+    int64_t blocks = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor& p = ps[i];
+      const auto [fmt_m, fmt_v, cols, salt, offset] = layout[i];
+      AMPK_CHECK_ARG(p.device() == device_ && p.scalar_type() == param_dtype_, "params", "parameter ", i, " is ",
+                     p.scalar_type(), " on ", p.device(), ", expected ", param_dtype_, " on ", device_);
+      AMPK_CHECK_ARG(p.is_non_overlapping_and_dense(), "params", "parameter ", i,
+                     " is not non-overlapping and dense (a strided view); the fused kernels walk its memory");
+      AMPK_CHECK_ARG(fmt_m >= kF32 && fmt_m <= kQ4 && fmt_v >= kF32 && fmt_v <= kQ4, "layout", "entry ", i,
+                     ": unknown formats (", fmt_m, ", ", fmt_v, ")");
+      const bool quantized = fmt_m >= kQ8 || fmt_v >= kQ8;
+      if (quantized) {
+        AMPK_CHECK_ARG(p.dim() >= 1 && p.is_contiguous() && cols == p.size(-1), "layout", "entry ", i,
+                       ": quantized moments need a contiguous parameter and cols = its last dimension");
+      } else {
+        AMPK_CHECK_ARG(cols == p.numel(), "layout", "entry ", i, ": cols must be numel without quantized moments");
+      }
+      const int64_t rows = cols > 0 ? p.numel() / cols : 0;
+      check_moment(i, kBwExpAvg, static_cast<int>(fmt_m), rows, cols);
+      check_moment(i, kBwExpAvgSq, static_cast<int>(fmt_v), rows, cols);
+      if (!state_[kBwMax].empty()) {
+        AMPK_CHECK_ARG(fmt_v <= kBF16, "max_exp_avg_sq", "amsgrad needs a float32 or bfloat16 second moment");
+        check_like(state_[kBwMax][i], p, fmt_v == kF32 ? at::kFloat : at::kBFloat16, "max_exp_avg_sq", i);
+      }
+      if (master_) check_like(state_[kBwMaster][i], p, at::kFloat, "master_param", i);
+      const at::Tensor& step = state_[kBwStep][i];
+      AMPK_CHECK_ARG(step.device() == device_ && step.scalar_type() == at::kFloat && step.numel() == 1, "step",
+                     "tensor ", i, " must be a 1-element float32 tensor on ", device_);
+      int64_t* row = &meta_host_values_[i * kMetaCount];
+      row[kMetaFirstBlock] = blocks;
+      blocks += rows * ((cols + kQuantBlock - 1) / kQuantBlock);
+      row[kMetaNumel] = p.numel();
+      row[kMetaCols] = cols;
+      bool aligned = rows <= 1 || cols % 4 == 0;
+      auto address = [&](int column, const at::Tensor& t) {
+        const auto a = reinterpret_cast<int64_t>(t.numel() > 0 ? t.data_ptr() : nullptr);
+        aligned = aligned && a % 16 == 0;
+        row[column] = a;
+      };
+      address(kMetaParam, p);
+      address(kMetaExpAvg, state_[kBwExpAvg][i]);
+      address(kMetaExpAvgSq, state_[kBwExpAvgSq][i]);
+      if (fmt_m >= kQ8) address(kMetaExpAvgScale, state_[kBwExpAvgScale][i]);
+      if (fmt_v >= kQ8) address(kMetaExpAvgSqScale, state_[kBwExpAvgSqScale][i]);
+      if (!state_[kBwMax].empty()) address(kMetaMaxExpAvgSq, state_[kBwMax][i]);
+      if (master_) address(kMetaMaster, state_[kBwMaster][i]);
+      row[kMetaStep] = reinterpret_cast<int64_t>(step.data_ptr());
+      aligned_.push_back(aligned);
+      row[kMetaFormats] = fmt_m | (fmt_v << 8);
+      row[kMetaSalt] = salt;
+      row[kMetaOffset] = offset;
+    }
+    meta_host_values_[n * kMetaCount + kMetaFirstBlock] = blocks;
+    num_blocks_ = blocks;
+    scalars_ = at::empty({n, 4}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    retain_if_capturing(device_, {&scalars_});
+  }
+
+  bool step_adam(double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2, double eps,
+                 double weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay,
+                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                 bool stochastic_rounding, uint64_t seed) {
+    AMPK_CHECK_ARG(!amsgrad || !state_[kBwMax].empty(), "amsgrad", "the table has no max_exp_avg_sq tensors");
+    AMPK_CHECK_ARG(!stochastic_rounding || !master_, "stochastic_rounding", "excludes master weights");
+    if (!refresh()) return false;
+    check_optional_scalar(grad_scale, "grad_scale", device_);
+    check_optional_scalar(found_inf, "found_inf", device_);
+    check_optional_scalar(lr_tensor, "lr", device_);
+    BlockwiseLaunch l;
+    l.device = device_;
+    l.num_tensors = grads_.size();
+    l.num_blocks = num_blocks_;
+    l.meta = meta_;
+    l.scalars = scalars_;
+    l.param_dtype = param_dtype_;
+    l.grad_dtype = grads_.grad_dtype();
+    l.master = master_;
+    l.stochastic_rounding = stochastic_rounding && param_dtype_ == at::kBFloat16;
+    l.seed = seed;
+    if (grad_scale.has_value()) l.grad_scale = *grad_scale;
+    if (found_inf.has_value()) l.found_inf = *found_inf;
+    if (lr_tensor.has_value()) l.lr_tensor = *lr_tensor;
+    l.lr = lr;
+    l.adam.beta1 = beta1;
+    l.adam.beta2 = beta2;
+    l.adam.beta2_f = static_cast<float>(beta2);
+    l.adam.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+    l.adam.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+    l.adam.eps = static_cast<float>(eps);
+    l.adam.weight_decay = static_cast<float>(weight_decay);
+    l.adam.amsgrad = amsgrad;
+    l.adam.maximize = maximize;
+    l.adam.decoupled_weight_decay = decoupled_weight_decay;
+    grads_.stage();
+    if (device_.is_cuda()) {
+#ifdef AMPK_WITH_CUDA
+      blockwise_adam_cuda(l);
+#else
+      TORCH_CHECK(false, "ampkernels: the native extension was built without CUDA; rebuild it with a CUDA toolkit "
+                         "(pip install --no-build-isolation -e .) or use backend='triton'");
+#endif
+    } else {
+      blockwise_adam_cpu(l);
+    }
+    return true;
+  }
+
+  int64_t uploads() const { return uploads_; }
+  int64_t num_blocks() const { return num_blocks_; }
+
+  // Every device address the kernels use: to check that a captured graph points at live memory.
+  std::vector<std::pair<std::string, int64_t>> addresses() const {
+    std::vector<std::pair<std::string, int64_t>> out;
+    static const char* kNames[kMetaCount] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "param", "grad",
+                                             "exp_avg", "exp_avg_scale", "exp_avg_sq", "exp_avg_sq_scale",
+                                             "max_exp_avg_sq", "master_param", "step", nullptr};
+    for (int64_t i = 0; i < grads_.size(); ++i)
+      for (int c = 0; c < kMetaCount; ++c)
+        if (kNames[c] != nullptr && meta_host_values_[i * kMetaCount + c] != 0)
+          out.emplace_back(kNames[c], meta_host_values_[i * kMetaCount + c]);
+    for (const auto* t : {&meta_, &scalars_})
+      if (t->defined() && t->is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(t->data_ptr()));
+    return out;
+  }
+
+ private:
+  bool refresh() {
+    const auto state = grads_.refresh();
+    if (state == GradientTracker::kStale) return false;
+    const int64_t n = grads_.size();
+    if (state == GradientTracker::kMoved) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t g = grads_.grad_address(i);
+        meta_host_values_[i * kMetaCount + kMetaGrad] = g;
+        const int64_t formats = meta_host_values_[i * kMetaCount + kMetaFormats] & 0xFFFF;
+        const bool aligned = aligned_[i] && g % 16 == 0;
+        meta_host_values_[i * kMetaCount + kMetaFormats] = formats | (int64_t(aligned) << 16);
+      }
+    }
+    if (state == GradientTracker::kMoved || !meta_.defined()) {
+      upload_int64(meta_host_values_, device_, meta_host_, meta_);
+      ++uploads_;
+    }
+    return true;
+  }
+
+  // Moment `list` of parameter i in format `fmt`: float32/bfloat16 shaped like the parameter, or uint8 codes and
+  // block exponents of rows x cols elements.
+  void check_moment(int64_t i, int list, int fmt, int64_t rows, int64_t cols) const {
+    const at::Tensor& p = grads_.params()[i];
+    const char* name = list == kBwExpAvg ? "exp_avg" : "exp_avg_sq";
+    const at::Tensor& x = state_[list][i];
+    if (fmt <= kBF16) {
+      check_like(x, p, fmt == kF32 ? at::kFloat : at::kBFloat16, name, i);
+      return;
+    }
+    const at::Tensor& scales = state_[list + 1][i];
+    const int64_t code_cols = fmt == kQ4 ? (cols + 1) / 2 : cols;
+    const int64_t blocks = (cols + kQuantBlock - 1) / kQuantBlock;
+    AMPK_CHECK_ARG(x.device() == device_ && x.scalar_type() == at::kByte && x.is_contiguous() &&
+                       x.numel() == rows * code_cols,
+                   name, "tensor ", i, ": expected contiguous uint8 codes of ", rows, " x ", code_cols, " on ",
+                   device_);
+    AMPK_CHECK_ARG(scales.device() == device_ && scales.scalar_type() == at::kByte && scales.is_contiguous() &&
+                       scales.numel() == rows * blocks,
+                   name, "tensor ", i, ": expected contiguous uint8 block exponents of ", rows, " x ", blocks);
+  }
+
+  void check_like(const at::Tensor& x, const at::Tensor& p, at::ScalarType dtype, const char* name, int64_t i) const {
+    AMPK_CHECK_ARG(x.device() == device_ && x.scalar_type() == dtype, name, "tensor ", i, " is ", x.scalar_type(),
+                   " on ", x.device(), ", expected ", dtype, " on ", device_);
+    AMPK_CHECK_ARG(x.sizes() == p.sizes() && x.strides() == p.strides(), name, "tensor ", i,
+                   " must have the shape and strides of its parameter");
+  }
+
+  GradientTracker grads_;
+  std::vector<std::vector<at::Tensor>> state_;
+  at::Device device_ = at::kCPU;
+  at::ScalarType param_dtype_ = at::kFloat;
+  bool master_ = false;
+  int64_t num_blocks_ = 0;
+  std::vector<int64_t> meta_host_values_;
+  std::vector<bool> aligned_;  // per parameter: its parameter and state addresses allow vector access
+  at::Tensor meta_, meta_host_, scalars_;
+  int64_t uploads_ = 0;
+};
+
+}  // namespace ampkernels
