@@ -69,6 +69,21 @@ def llama_1b_shapes(shrink: int = 1) -> list[Shape]:
     return shapes + [(hidden,), (vocab, hidden)]
 
 
+def llama_3_2_1b_shapes(shrink: int = 1) -> list[Shape]:
+    """Llama-3.2-1B's layers (hidden 2048, intermediate 8192, 16 layers, grouped-query attention with 8 k/v heads of
+    64, no biases) with a 32000-token vocabulary and an untied head (Llama 3.2 itself: 128256 tokens, tied).
+
+    147 tensors, 1,104,218,112 params.
+    """
+    vocab, hidden, intermediate, kv = (_narrow(d, shrink) for d in (32000, 2048, 8192, 512))
+    shapes = [(vocab, hidden)]
+    for _ in range(16):
+        shapes += [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden)]  # q, k, v, o
+        shapes += [(intermediate, hidden), (intermediate, hidden), (hidden, intermediate)]  # gate, up, down
+        shapes += [(hidden,), (hidden,)]  # RMSNorm before attention and before the MLP
+    return shapes + [(hidden,), (vocab, hidden)]
+
+
 def many_small_shapes(shrink: int = 1) -> list[Shape]:
     """10,000 tensors of 1024 elements: the case where per-tensor host work dominates."""
     return [(1024,)] * _narrow(10_000, shrink)
@@ -78,6 +93,7 @@ PARAM_SETS: dict[str, Callable[[int], list[Shape]]] = {
     "bert-base": bert_base_shapes,
     "gpt2-medium": gpt2_medium_shapes,
     "llama-1b": llama_1b_shapes,
+    "llama-3.2-1b": llama_3_2_1b_shapes,
     "many-small": many_small_shapes,
 }
 

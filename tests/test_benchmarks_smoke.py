@@ -15,11 +15,13 @@ from benchmarks.param_sets import CPU_SHRINK, GRAD_MAGNITUDE, PARAM_SETS, make_p
 GITIGNORE = Path(__file__).resolve().parents[1] / ".gitignore"
 
 # (tensors, params) of named_parameters() of BertForMaskedLM(BertConfig()), GPT2LMHeadModel(n_embd=1024, n_layer=24),
-# a Llama-shaped 1B model (hidden 2048, intermediate 5632, 22 layers, vocab 32000) and 10,000 tensors of 1024.
+# a Llama-shaped 1B model (hidden 2048, intermediate 5632, 22 layers, vocab 32000), Llama-3.2-1B's layers (hidden 2048,
+# intermediate 8192, 16 layers, k/v 512 wide) with vocab 32000 and an untied head, and 10,000 tensors of 1024.
 EXPECTED_SIZES = {
     "bert-base": (202, 109_514_298),
     "gpt2-medium": (292, 354_823_168),
     "llama-1b": (201, 1_261_529_088),
+    "llama-3.2-1b": (147, 1_104_218_112),
     "many-small": (10_000, 10_240_000),
 }
 
@@ -198,11 +200,13 @@ def test_training_benchmark_smoke(tmp_path):
     assert any(line.startswith("mlp-800 training step") for line in bench_training.summary(document))
 
 
-def test_optimizers_benchmark_smoke(tmp_path):
+def test_optimizers_benchmark_smoke(tmp_path, monkeypatch):
     pytest.importorskip("tqdm")
     from benchmarks import bench_optimizers
     from benchmarks.__main__ import main
 
+    # torchao compiles its step per shape and dtype (a minute on 2 cores): the test takes the path without it.
+    monkeypatch.setattr(bench_optimizers, "_import_torchao", lambda: (None, "torchao cannot be imported (test)"))
     args = ["--quick", "--only", "optimizers", "--sets", "many-small", "--shrink", "64", "--out", str(tmp_path)]
     assert main([*args, "--no-plot"]) == 0
     (json_path,) = tmp_path.glob("optimizers_*.json")
@@ -216,3 +220,49 @@ def test_optimizers_benchmark_smoke(tmp_path):
     if document["mode"] == "cpu-small":
         assert "% copy" not in table.splitlines()[0] and "x floor" not in table.splitlines()[0]
     assert bench_optimizers.summary(document)[0].startswith("many-small AdamW step: FusedAdamW")
+
+    # --only optimizers adds the low-precision table on llama-3.2-1b, every option but torchao's timed.
+    section = document["low_precision"]
+    assert (section["set"], section["num_tensors"]) == ("llama-3.2-1b", 147)
+    options = bench_optimizers.LOW_PRECISION_OPTIONS
+    assert [row["key"] for row in section["rows"]] == [o.key for o in options if o.family != "torchao"]
+    assert [s["key"] for s in section["skipped"]] == [o.key for o in options if o.family == "torchao"]
+    assert "torchao rows skipped (5): torchao cannot be imported" in table
+    # The byte count's state sizes are the measured ones (else a warning says which differs).
+    assert section["warnings"] == []
+    by = {row["key"]: row for row in section["rows"]}
+    assert all(row["wall_ms"] > 0 and row["first_step_ms"] > 0 and row["vs_torchao"] is None for row in by.values())
+    assert by["torch-fp32"]["vs_torch_fp32"] == 1.0
+    assert (by["torch-fp32"]["bytes_per_param"], by["torch-bf16"]["bytes_per_param"]) == (28, 14)
+    assert by["ampkernels-bf16-master"]["state_bytes_per_param"] == 12
+    state = [by[key]["state_bytes_per_param"] for key in ("ampkernels-fp32", "ampkernels-8bit", "ampkernels-4bit")]
+    assert state[0] == 8 and state[0] > state[1] > state[2]
+    assert all(bool(row["backend"]) == (row["family"] == "ampkernels") for row in by.values())
+
+    memory = document["training_memory"]
+    if "skipped" in memory:  # until benchmarks.models lands
+        assert "training-step memory skipped: benchmarks.models.LlamaStack cannot be imported" in table
+        with pytest.raises(ImportError):
+            from benchmarks.models import LlamaStack  # noqa: F401
+    else:
+        assert [row["key"] for row in memory["rows"]] == list(bench_optimizers.MEMORY_OPTIONS)
+        assert all("error" not in row and row["state_gib"] > 0 for row in memory["rows"])
+        assert all((row["peak_gib"] is None) == (document["mode"] == "cpu-small") for row in memory["rows"])
+
+
+def test_default_run_leaves_out_the_low_precision_table():
+    """The default run of every module times only the AdamW step table; the low-precision one needs --only or --full."""
+    from benchmarks import bench_optimizers
+    from benchmarks.common import RunContext
+
+    class Progress:
+        def reset(self, total):
+            self.total = total
+
+        def update(self, n):
+            pass
+
+    ctx = RunContext(torch.device("cpu"), ["many-small"], 64, 1, 0.001, 10.0, Progress())
+    document = bench_optimizers.run(ctx)
+    assert "low_precision" not in document and "training_memory" not in document
+    assert ctx.progress.total == 1
