@@ -403,19 +403,20 @@ def _pow2(exponent: torch.Tensor) -> torch.Tensor:
 
 def _block_exponent(absmax: torch.Tensor, man_bits: int) -> torch.Tensor:
     """The biased exponent (int32 in [1, 253]) that puts ``absmax``, rounded to ``man_bits``, in [1, 2)."""
-    bits = absmax.contiguous().view(torch.int32)
-    return (((bits + (1 << (22 - man_bits))) >> 23) & 0xFF).clamp(1, 253)
+    # int64: the rounding add must not wrap (a NaN's bits plus the half-step saturate at 253, as inf's do).
+    bits = absmax.contiguous().view(torch.int32).to(torch.int64)
+    return ((bits + (1 << (22 - man_bits))) >> 23).clamp(1, 253).to(torch.int32)
 
 
 def _encode(y: torch.Tensor, exp_bits: int, man_bits: int) -> torch.Tensor:
     """Codes (int32) of magnitudes ``y`` (float32 >= 0, below 2 unless non-finite), rounded to nearest."""
     top = 2**exp_bits - 1  # the exponent field of the binade [1, 2)
-    bits = y.contiguous().view(torch.int32)
+    bits = y.contiguous().view(torch.int32).to(torch.int64)  # no wrap for NaN bit patterns
     normal = ((bits + (1 << (22 - man_bits))) >> (23 - man_bits)) - ((127 - top) << man_bits)
     # Below the smallest normal value the codes are a uniform grid (exact scaling by a power of two, then + 0.5).
     sub = torch.floor(y * 2.0 ** (top - 1 + man_bits) + 0.5).to(torch.int32)
     codes = torch.where(y < 2.0 ** (1 - top), sub, normal)
-    return codes.clamp(0, 2 ** (exp_bits + man_bits) - 1)  # a NaN or inf saturates
+    return codes.clamp(0, 2 ** (exp_bits + man_bits) - 1).to(torch.int32)  # a NaN or inf saturates
 
 
 def _decode(codes: torch.Tensor, exp_bits: int, man_bits: int) -> torch.Tensor:

@@ -143,7 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"benchmarks.{module_name}")
         with tqdm(desc=module.NAME, unit="case", dynamic_ncols=True) as progress:
             ctx = RunContext(
-                device, args.sets, shrink, repeats, target_loop_s, copy_bandwidth["gbs"], progress, full=args.full
+                device,
+                args.sets,
+                shrink,
+                repeats,
+                target_loop_s,
+                copy_bandwidth["gbs"],
+                progress,
+                full=args.full,
+                only=args.only,
             )
             results = module.run(ctx)
         document = {

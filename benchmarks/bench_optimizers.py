@@ -180,20 +180,7 @@ def _wants_low_precision(ctx) -> bool:
     llama-3.2-1b; not in the default run of every module (a minute more on the GPU, a few on the CPU)."""
     if ctx.full or LOW_PRECISION_SET in ctx.sets:
         return True
-    only = getattr(ctx, "only", None)
-    if only is not None:
-        return only == NAME
-    # NOTE: RunContext does not say whether --only was given; the runner's parsed arguments are read from the frame
-    # of benchmarks.__main__.main, which calls run(). Called any other way, the answer is no.
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "main" and Path(frame.f_code.co_filename).parts[-2:] == (
-            "benchmarks",
-            "__main__.py",
-        ):
-            return getattr(frame.f_locals.get("args"), "only", None) == NAME
-        frame = frame.f_back
-    return False
+    return ctx.only == NAME
 
 
 def run(ctx) -> dict[str, Any]:

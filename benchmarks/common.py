@@ -39,6 +39,7 @@ class RunContext:
     copy_bandwidth_gbs: float
     progress: Any  # a tqdm bar: the module sets its total and advances it
     full: bool = False  # the complete sweep (--full) rather than the default subset
+    only: str | None = None  # the module --only named, if any
 
     @property
     def cpu_small(self) -> bool:

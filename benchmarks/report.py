@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import bench_optimizers
+
 MODULE_ORDER = ("precision", "grad_scaler", "optimizers", "training", "scaled_matmul")
 TITLES = {
     "precision": "Training step by precision (FP32, TF32, FP16, BF16)",
@@ -72,7 +74,7 @@ def optimizers(doc: dict[str, Any]) -> list[str]:
         rate = f"{r['gbs']:.0f} | {r['gbs'] / copy:.0%}" if on_gpu else f"{r['gbs']:.0f}"
         speedup = _speedup(r["speedup_over_stock"])
         lines.append(f"| {r['set']} | {r['label']} | {_ms(r['wall_ms'])} | {rate} | {speedup} |")
-    return lines
+    return lines + bench_optimizers.markdown(doc)  # the low-precision state and training-memory tables, when run
 
 
 def training(doc: dict[str, Any]) -> list[str]:

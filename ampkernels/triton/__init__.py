@@ -52,3 +52,13 @@ def retain_if_capturing(*tensors: torch.Tensor) -> None:
 def f64_bits(x: float) -> int:
     """The bits of ``x`` as a float64, as an int64 kernel argument (Triton passes Python floats as float32)."""
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """``t`` covers its memory exactly once (a permutation of a contiguous tensor): the kernel may walk memory."""
+    expected = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -5,7 +5,6 @@ kernels in ``ampkernels.triton.blockwise_kernels``): the ``BlockwiseStepTable`` 
 from __future__ import annotations
 
 import math
-import os
 import struct
 from collections.abc import Sequence
 
@@ -13,8 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ampkernels import dispatch
 from ampkernels._constants import QUANT_BLOCK, QUANT_CODES, STATE_BF16, STATE_F32, STATE_Q4, STATE_Q8
-from ampkernels.triton import f64_bits, num_sms, retain_if_capturing
+from ampkernels.triton import f64_bits, is_dense, num_sms, retain_if_capturing
 from ampkernels.triton.blockwise_kernels import (
     META_ROWS,
     _blockwise_adam_kernel,
@@ -57,16 +57,6 @@ def _programs(device: torch.device, num_items: int) -> int:
     if PROGRAMS_PER_SM is None:
         return num_items
     return max(1, min(num_items, num_sms(device) * PROGRAMS_PER_SM))
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """``t`` covers its memory exactly once (a permutation of a contiguous tensor): the kernel may walk memory."""
-    expected = 1
-    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _int32(value: int) -> int:
@@ -147,7 +137,7 @@ class BlockwiseStepTable:
                     )
             else:
                 cols = numel  # one row: any non-overlapping dense layout is walked in memory order
-                if not _dense(p):
+                if not is_dense(p):
                     raise ValueError(f"params[{i}] is not non-overlapping and dense; the kernel walks its memory")
             nblk = -(-cols // QUANT_BLOCK)
             blocks = (numel // cols if cols else 0) * nblk
@@ -332,7 +322,7 @@ class BlockwiseStepTable:
             SR=sr,
             BLOCK_T=_PROLOGUE_BLOCK,
         )
-        interpreting = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        interpreting = dispatch.triton_interpreting()
         w = struct.unpack("f", struct.pack("f", 1 - beta1))[0]  # the weight as the kernel holds it (reference)
         for (fmt_m, fmt_v, m_dtype, v_dtype, x_dtype, full), items, count in self.groups:
             m_eb, m_mb = QUANT_CODES.get((fmt_m, False), (0, 0))

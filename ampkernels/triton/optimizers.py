@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ampkernels._constants import CHUNK
-from ampkernels.triton import f64_bits, num_sms, retain_if_capturing
+from ampkernels.triton import f64_bits, is_dense, num_sms, retain_if_capturing
 from ampkernels.triton.optimizers_kernels import _GRAD, _adam_kernel, _prologue_kernel, _sgd_kernel
 
 BLOCK = 1024
@@ -63,7 +63,7 @@ class StepTable:
 
     def _build(self) -> None:
         for i, p in enumerate(self.params):
-            if not (p.is_contiguous() or p.is_non_overlapping_and_dense()):
+            if not is_dense(p):
                 raise ValueError(f"params[{i}] is not non-overlapping and dense; the fused kernels walk its memory")
         n = len(self.params)
         numels = [p.numel() for p in self.params]
@@ -95,6 +95,7 @@ class StepTable:
         self.scalars = torch.zeros(max(n, 1), 2, dtype=torch.float32, device=self.device)
         retain_if_capturing(self._meta_host, self.meta, self.scalars)
         self._grad_ptrs: tuple[int, ...] | None = None
+        self._grads_aligned = False
         self.lists_dev: torch.Tensor | None = None
         everything = [*self.params, *(x for tensors in self.lists for x in tensors if x.dim() > 0)]
         self.aligned = all(x.data_ptr() % 16 == 0 for x in everything)
@@ -120,6 +121,8 @@ class StepTable:
             self.lists_dev = self._lists_host.to(self.device, non_blocking=True)
             retain_if_capturing(self._lists_host, self.lists_dev)  # a graph may replay them after the next upload
             self._grad_ptrs = ptrs
+            # The kernels' 16-byte alignment hint covers the gradients too (a gradient may be an offset view).
+            self._grads_aligned = all(ptr % 16 == 0 for ptr in ptrs)
         return grads
 
     def _common(self, grads, lr, grad_scale, found_inf):
@@ -200,7 +203,7 @@ class StepTable:
             HAS_SCALE=grad_scale is not None,
             HAS_FOUND=found_inf is not None,
             LR_FROM_PTR=lr_is_tensor,
-            ALIGNED=self.aligned,
+            ALIGNED=self.aligned and self._grads_aligned,
             BLOCK_E=BLOCK,
             num_warps=NUM_WARPS,
         )
@@ -241,7 +244,7 @@ class StepTable:
             HAS_SCALE=grad_scale is not None,
             HAS_FOUND=found_inf is not None,
             LR_FROM_PTR=lr_is_tensor,
-            ALIGNED=self.aligned,
+            ALIGNED=self.aligned and self._grads_aligned,
             BLOCK_E=BLOCK,
             num_warps=NUM_WARPS,
         )

@@ -92,7 +92,8 @@ C10_HOST_DEVICE inline float float_of(uint32_t b) {
 
 // The biased exponent in [1, 253] that puts `absmax`, rounded to `man_bits`, in [1, 2).
 C10_HOST_DEVICE inline int block_exponent(float absmax, int man_bits) {
-  const int e = static_cast<int>(((bits_of(absmax) + (1u << (22 - man_bits))) >> 23) & 0xFF);
+  // absmax >= 0, so its bits are below 2^31 and the sum does not wrap: NaN and inf give 255 or 256 -> 253.
+  const int e = static_cast<int>((bits_of(absmax) + (1u << (22 - man_bits))) >> 23);
   return e < 1 ? 1 : (e > 253 ? 253 : e);
 }
 

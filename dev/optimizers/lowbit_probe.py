@@ -51,6 +51,9 @@ CONFIGS = {
 }
 
 
+KEYS = ("lr", "exp_avg_dtype", "exp_avg_sq_dtype", "stochastic_rounding", "master_weights")
+
+
 def moved_bytes(params, opt) -> int:
     """Parameter read + write, gradient read, and every state tensor (but the step count) read + written."""
     total = 0
@@ -81,6 +84,7 @@ def main() -> None:
     parser.add_argument("--shrink", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--only", default="")
+    parser.add_argument("--backend", default=None, help="native or triton (default: the best available)")
     args = parser.parse_args()
     gbs = copy_gbs()
     print(f"{torch.cuda.get_device_name()}: copy {gbs:.0f} GB/s (read + write)")
@@ -94,6 +98,8 @@ def main() -> None:
             p.grad = (torch.randn(s, device="cuda", generator=gen) * 1e-3).to(dtype)
             params.append(p)
         opt = make(params)
+        if args.backend and isinstance(opt, FusedAdamW):
+            opt = type(opt)(params, backend=args.backend, **{k: v for k, v in opt.defaults.items() if k in KEYS})
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.step()
