@@ -18,6 +18,7 @@ _OP_NAMES = {
     "update_scale_": "update_scale_",
     "adam": "adam (FusedAdam, FusedAdamW)",
     "sgd": "sgd (FusedSGD)",
+    "adam_blockwise": "adam_blockwise (FusedAdam with low-bit moments or stochastic rounding)",
     "scaled_matmul": "scaled_matmul (and ScaledLinear)",
 }
 

@@ -411,7 +411,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             states = [self._init_state(p, group, blockwise) for p in params]
             keys = _BLOCKWISE_KEYS if blockwise else self._STATE_KEYS
             lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(keys))]
-            backend = dispatch.select(self._KIND, device, self._requested_backend)
+            backend = dispatch.select("adam_blockwise" if blockwise else self._KIND, device, self._requested_backend)
             locals_ = [_local(p) for p in params]
             # Only the first bucket watches the group's gradient-less params: one check per step is enough.
             bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch if not buckets else [])

@@ -23,7 +23,14 @@ def no_overrides(monkeypatch):
 
 
 def test_every_op_has_its_backends_and_one_variable():
-    assert set(dispatch.BACKENDS) == {"unscale_reduce_", "update_scale_", "adam", "sgd", "scaled_matmul"}
+    assert set(dispatch.BACKENDS) == {
+        "unscale_reduce_",
+        "update_scale_",
+        "adam",
+        "sgd",
+        "adam_blockwise",
+        "scaled_matmul",
+    }
     assert set(dispatch.BACKENDS) == set(dispatch.VARIABLES)
     for op in MULTI_TENSOR_OPS:
         assert dispatch.BACKENDS[op] == ("native", "triton", "torch")
