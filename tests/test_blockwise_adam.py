@@ -276,7 +276,12 @@ def test_first_step_from_zero_state_is_exact_and_later_ones_within_the_code(dev,
         low.step()
         full.step()
         if k == 0:
-            assert torch.equal(params[0], full_params[0])
+            # Bit for bit where both steps round alike (CPU); on CUDA the default step contracts into FMAs and
+            # Triton's blockwise step does not, an ulp apart.
+            if device == "cpu":
+                assert torch.equal(params[0], full_params[0])
+            else:
+                torch.testing.assert_close(params[0], full_params[0], rtol=1e-6, atol=1e-7)
         else:
             # Adam's update is at most ~lr per element; the stored moments carry 3 mantissa bits (2^-4 relative
             # rounding error each), so the update moves by at most ~2^-4 + 2^-5 of lr: bound it by 2^-3 lr.
