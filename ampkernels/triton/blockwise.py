@@ -24,9 +24,13 @@ from ampkernels.triton.optimizers import _host_tensor
 
 # Blocks of QUANT_BLOCK elements per work item: 16384 elements, the CHUNK of the other optimizer kernels.
 ITEM_BLOCKS = 128
-# Blocks per tile ([TILE_BLOCKS, 128] elements, 16 per thread with 4 warps). Not yet tuned on a GPU.
-TILE_BLOCKS = 16
+# Blocks per tile ([TILE_BLOCKS, 128] elements) and warps per program. NOTE (H200, 1.1B params, swept by
+# dev/optimizers/triton_blockwise_sweep.py): 8 elements per thread is best for 8-bit moments (8 blocks, 4 warps:
+# 5.09 ms; 16 blocks: 5.33; 32: 7.99) and bfloat16 + stochastic rounding (3.77 ms; 16 blocks and 8 warps 3.75); a
+# 4-bit moment's unpacking wants 4 per thread (8 blocks, 8 warps: 5.08 ms; 4 warps: 7.88).
+TILE_BLOCKS = 8
 NUM_WARPS = 4
+NUM_WARPS_Q4 = 8
 _PROLOGUE_BLOCK = 256
 # Programs per launch on a GPU: one per work item by default (the hardware scheduler balances them). A persistent
 # grid larger than what fits on the GPU at once ends in a second wave that runs whole programs' shares alone, and
@@ -371,6 +375,6 @@ class BlockwiseStepTable:
                 INT_BF16=interpreting,
                 NB=TILE_BLOCKS,
                 ITEM_BLOCKS=ITEM_BLOCKS,
-                num_warps=NUM_WARPS,
+                num_warps=NUM_WARPS_Q4 if STATE_Q4 in (fmt_m, fmt_v) else NUM_WARPS,
                 enable_fp_fusion=_FP_FUSION,
             )
