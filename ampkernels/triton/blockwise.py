@@ -25,7 +25,7 @@ from ampkernels.triton.optimizers import _host_tensor
 # Blocks of QUANT_BLOCK elements per work item: 16384 elements, the CHUNK of the other optimizer kernels.
 ITEM_BLOCKS = 128
 # Blocks per tile ([TILE_BLOCKS, 128] elements) and warps per program. NOTE (H200, 1.1B params, swept by
-# dev/optimizers/triton_blockwise_sweep.py): 8 elements per thread is best for 8-bit moments (8 blocks, 4 warps:
+# the sweep of dev/optimizers/NOTES.md): 8 elements per thread is best for 8-bit moments (8 blocks, 4 warps:
 # 5.09 ms; 16 blocks: 5.33; 32: 7.99) and bfloat16 + stochastic rounding (3.77 ms; 16 blocks and 8 warps 3.75); a
 # 4-bit moment's unpacking wants 4 per thread (8 blocks, 8 warps: 5.08 ms; 4 warps: 7.88).
 TILE_BLOCKS = 8
