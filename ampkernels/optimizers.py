@@ -261,13 +261,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 for key, value in entry.items():
                     if isinstance(value, torch.Tensor) and key != "step":
                         self.state[p][key] = value.to(_local(p).device)
-                self._decode_loaded(self.state[p], entry, saved, p)
+                self._decode_loaded(self.state[p], entry, group, p)
         self._plans.clear()
 
     #: Param-group options that say how the state is stored (kept by load_state_dict).
     _STORAGE_OPTIONS: tuple[str, ...] = ()
 
-    def _decode_loaded(self, state: dict, saved: dict, saved_group: dict, p: torch.Tensor) -> None:
+    def _decode_loaded(self, state: dict, saved: dict, group: dict, p: torch.Tensor) -> None:
         """Subclasses: turn loaded state of another storage format into one the next step converts from."""
 
     def _check_state_dict(self, state_dict: Any) -> None:
@@ -421,7 +421,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if bucket.masters:  # master weights: created from (or loaded for) the parameters as they are now
                 bucket.versions = [p._version for p in locals_]
             if blockwise:
-                bucket.layout = [self._layout_of(p, group) for p in params]
+                # The rounding stream's salt: each parameter's index in the optimizer, the same on every rank.
+                index = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
+                bucket.layout = [self._layout_of(p, group, index[id(p)]) for p in params]
             if backend == "native":
                 native = dispatch.native()
                 if blockwise:
@@ -444,7 +446,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Whether the group's parameters of ``dtype`` take the blockwise step (FusedAdam's storage options)."""
         return False
 
-    def _layout_of(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    def _layout_of(self, p: torch.Tensor, group: dict[str, Any], salt: int) -> tuple[int, int, int, int, int]:
         raise NotImplementedError
 
     def _plan(self, index: int, group: dict[str, Any], rebuild: bool = False) -> _Plan:
@@ -733,20 +735,13 @@ class FusedAdam(_FusedOptimizer):
         # Anything else than "both moments in the state dtype" takes the blockwise step.
         return any(group[key] not in (None, state_dtype) for key in ("exp_avg_dtype", "exp_avg_sq_dtype"))
 
-    def _salt(self, p: torch.Tensor) -> int:
-        """The parameter's index in the optimizer: the same on every rank, keying its rounding stream."""
-        for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups)):
-            if q is p:
-                return i
-        raise KeyError("parameter not in the optimizer")
-
-    def _layout_of(self, p, group):
+    def _layout_of(self, p, group, salt):
         local = _local(p)
         fmt_m, fmt_v = self._format(p, group, "exp_avg_dtype"), self._format(p, group, "exp_avg_sq_dtype")
         quantized = fmt_m in _QUANTIZED or fmt_v in _QUANTIZED
         cols = local.shape[-1] if quantized else local.numel()
         offset = _shard_offset(p, type(self).__name__) if group["stochastic_rounding"] else 0
-        return (fmt_m, fmt_v, cols, self._salt(p), offset)
+        return (fmt_m, fmt_v, cols, salt, offset)
 
     def _options(self, group):
         return (
@@ -831,10 +826,9 @@ class FusedAdam(_FusedOptimizer):
                 raise ValueError(f"{where}: block exponents without quantized '{moment}' codes")
         super()._check_saved_tensor(key, value, entry, p, group, where)
 
-    def _decode_loaded(self, state, saved, saved_group, p):
+    def _decode_loaded(self, state, saved, group, p):
         """Quantized moments saved in another format than this optimizer stores them in are decoded to float32
         here (and quantized again, if so configured, when the parameter steps); the same format loads as is."""
-        group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
         for key in ("exp_avg", "exp_avg_sq"):
             codes = saved.get(key)
             if not (isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8):
