@@ -132,6 +132,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("grad_scale"), pybind11::arg("found_inf"), pybind11::arg("stochastic_rounding"),
            pybind11::arg("seed"))
       .def_property_readonly("uploads", &ampkernels::BlockwiseAdamTable::uploads)
-      .def_property_readonly("num_blocks", &ampkernels::BlockwiseAdamTable::num_blocks)
       .def("addresses", &ampkernels::BlockwiseAdamTable::addresses);
 }

@@ -22,7 +22,6 @@ constexpr int kQuantBlock = 128;  // elements per block, along the last dimensio
 // Per-tensor metadata, int64 [T, kMetaCols] on the device (BlockwiseAdamTable builds it).
 enum BlockwiseMeta : int {
   kMetaFirstBlock = 0,  // index of the tensor's first block in the launch (a prefix sum; entry T = total blocks)
-  kMetaNumel,
   kMetaCols,            // row length: the last dimension when a moment is quantized, else numel (one row)
   kMetaFormats,         // first moment format | second moment format << 8 | vector-aligned << 16
   kMetaSalt,
@@ -36,7 +35,7 @@ enum BlockwiseMeta : int {
   kMetaMaxExpAvgSq,
   kMetaMaster,
   kMetaStep,
-  kMetaCount = 16,  // (one unused column: rows of 128 bytes)
+  kMetaCount = 16,  // (two unused columns: rows of 128 bytes)
 };
 
 struct BlockwiseLaunch {
@@ -46,7 +45,7 @@ struct BlockwiseLaunch {
   at::Tensor scalars;  // float32 [T, 4] scratch: step_size, bc2_sqrt, rounding key (bits), unused
   at::ScalarType param_dtype = at::kFloat, grad_dtype = at::kFloat;
   int fmt_m = -1, fmt_v = -1;  // the formats every tensor of the launch has, or -1 (they differ)
-  bool master = false, stochastic_rounding = false;
+  bool stochastic_rounding = false;  // master weights: a tensor's kMetaMaster address is non-zero
   uint64_t seed = 0;
   at::Tensor grad_scale, found_inf, lr_tensor;  // as OptimizerLaunch
   double lr = 0.0;

@@ -78,7 +78,6 @@ class AMPK_HIDDEN BlockwiseAdamTable {
                      "tensor ", i, " must be a 1-element float32 tensor on ", device_);
       int64_t* row = rows[i].data();
       row[kMetaFirstBlock] = rows_of * ((cols + kQuantBlock - 1) / kQuantBlock);  // this tensor's blocks, for now
-      row[kMetaNumel] = p.numel();
       row[kMetaCols] = cols;
       // The CUDA kernel's vector path: 16-element lane slices of whole rows start 16-byte aligned (codes too).
       bool aligned = rows_of <= 1 || cols % 16 == 0;
@@ -121,7 +120,6 @@ class AMPK_HIDDEN BlockwiseAdamTable {
         g.aligned.push_back(aligned_rows[g.members[k]]);
       }
       g.meta_host_values[t * kMetaCount + kMetaFirstBlock] = g.num_blocks;
-      num_blocks_ += g.num_blocks;
       g.scalars = at::empty({t, 4}, at::TensorOptions().dtype(at::kFloat).device(device_));
       retain_if_capturing(device_, {&g.scalars});
     }
@@ -141,7 +139,6 @@ class AMPK_HIDDEN BlockwiseAdamTable {
     l.device = device_;
     l.param_dtype = param_dtype_;
     l.grad_dtype = grads_.grad_dtype();
-    l.master = master_;
     l.stochastic_rounding = stochastic_rounding && param_dtype_ == at::kBFloat16;
     l.seed = seed;
     if (grad_scale.has_value()) l.grad_scale = *grad_scale;
@@ -181,19 +178,19 @@ class AMPK_HIDDEN BlockwiseAdamTable {
   }
 
   int64_t uploads() const { return uploads_; }
-  int64_t num_blocks() const { return num_blocks_; }
 
   // Every device address the kernels use: to check that a captured graph points at live memory.
   std::vector<std::pair<std::string, int64_t>> addresses() const {
     std::vector<std::pair<std::string, int64_t>> out;
-    static const char* kNames[kMetaCount] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "param", "grad",
-                                             "exp_avg", "exp_avg_scale", "exp_avg_sq", "exp_avg_sq_scale",
-                                             "max_exp_avg_sq", "master_param", "step", nullptr};
+    static const std::pair<int, const char*> kNames[] = {
+        {kMetaParam, "param"},        {kMetaGrad, "grad"},           {kMetaExpAvg, "exp_avg"},
+        {kMetaExpAvgScale, "exp_avg_scale"}, {kMetaExpAvgSq, "exp_avg_sq"}, {kMetaExpAvgSqScale, "exp_avg_sq_scale"},
+        {kMetaMaxExpAvgSq, "max_exp_avg_sq"}, {kMetaMaster, "master_param"}, {kMetaStep, "step"}};
     for (const Group& g : groups_) {
       for (size_t i = 0; i < g.members.size(); ++i)
-        for (int c = 0; c < kMetaCount; ++c)
-          if (kNames[c] != nullptr && g.meta_host_values[i * kMetaCount + c] != 0)
-            out.emplace_back(kNames[c], g.meta_host_values[i * kMetaCount + c]);
+        for (const auto& [column, name] : kNames)
+          if (g.meta_host_values[i * kMetaCount + column] != 0)
+            out.emplace_back(name, g.meta_host_values[i * kMetaCount + column]);
       for (const auto* t : {&g.meta, &g.scalars})
         if (t->defined() && t->is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(t->data_ptr()));
     }
@@ -265,7 +262,6 @@ class AMPK_HIDDEN BlockwiseAdamTable {
   at::Device device_ = at::kCPU;
   at::ScalarType param_dtype_ = at::kFloat;
   bool master_ = false;
-  int64_t num_blocks_ = 0;
   std::vector<Group> groups_;
   int64_t uploads_ = 0;
 };

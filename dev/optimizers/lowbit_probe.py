@@ -15,16 +15,7 @@ import time
 import torch
 
 from ampkernels import FusedAdamW
-
-
-def shapes(shrink: int) -> list[tuple[int, ...]]:
-    hidden, inter, kv, vocab = 2048 // shrink, 8192 // shrink, 512 // shrink, 32000 // shrink
-    out = [(vocab, hidden)]
-    for _ in range(16):
-        out += [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden)]
-        out += [(inter, hidden), (inter, hidden), (hidden, inter), (hidden,), (hidden,)]
-    return out + [(hidden,), (vocab, hidden)]
-
+from benchmarks.param_sets import PARAM_SETS
 
 CONFIGS = {
     "torch fused fp32": (torch.float32, lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True)),
@@ -93,7 +84,7 @@ def main() -> None:
         if args.only and args.only not in name:
             continue
         params = []
-        for s in shapes(args.shrink):
+        for s in PARAM_SETS["llama-3.2-1b"](args.shrink):
             p = torch.nn.Parameter((torch.randn(s, device="cuda", generator=gen) * 0.02).to(dtype))
             p.grad = (torch.randn(s, device="cuda", generator=gen) * 1e-3).to(dtype)
             params.append(p)
