@@ -608,3 +608,153 @@ def adam_step_blockwise(
             p = stochastic_round_to_bf16(p.flatten(), rounding_bits(key, index)).reshape(shape)
         _skip_where(skip, param, p)
         _skip_where(skip, steps[i], new_step.reshape(steps[i].shape))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# FP8: casts with per-tensor or per-row scales (ampkernels.float8)
+# --------------------------------------------------------------------------------------------------------------------
+
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+#: Floor of the amax a scale is computed from (torchao's): an all-zero tensor gets a large finite scale, not inf.
+FLOAT8_AMAX_FLOOR = 1e-12
+FLOAT8_GRANULARITIES = ("tensor", "row")
+
+
+def float8_max(dtype: torch.dtype) -> float:
+    """Largest finite value of a float8 dtype: 448 (e4m3fn), 57344 (e5m2)."""
+    return float(torch.finfo(dtype).max)
+
+
+def float8_scale(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0) -> torch.Tensor:
+    """The float32 scale that maps ``amax`` onto the largest finite value of ``dtype``, with ``margin`` powers of two
+    of headroom (TransformerEngine's ``margin``): ``float8_max(dtype) / max(amax, FLOAT8_AMAX_FLOOR) / 2**margin``,
+    each step rounded to float32. A non-finite ``amax`` (an inf or NaN in the tensor) gives 1.0: the scale always
+    stays finite and positive, and the non-finite values themselves reach the product (see :func:`to_float8`)."""
+    amax = amax.float()
+    scale = float8_max(dtype) / torch.clamp(amax, min=FLOAT8_AMAX_FLOOR)
+    if margin:
+        scale = scale * (2.0 ** -margin)
+    return torch.where(torch.isfinite(amax), scale, torch.ones_like(scale))
+
+
+def _rows_view(x: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """``x`` as the [R, C] matrix a cast writes: [..., K] flattened to [M, K], or its transpose [K, M]."""
+    x2 = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
+    return x2.t() if transpose else x2
+
+
+def float8_amax(x: torch.Tensor, granularity: str = "tensor", transpose: bool = False) -> torch.Tensor:
+    """``max |x|`` in float32 (NaN if ``x`` holds a NaN): 0-d for ``"tensor"``, [R, 1] per row of the matrix the
+    cast writes (rows of ``x.reshape(-1, K)``, or of its transpose with ``transpose``) for ``"row"``."""
+    xf = _rows_view(x, transpose).float().abs()
+    if granularity == "tensor":
+        return xf.amax() if xf.numel() else xf.new_zeros(())
+    return xf.amax(dim=1, keepdim=True) if xf.shape[1] else xf.new_zeros((xf.shape[0], 1))
+
+
+def _record_amax(amax_out: torch.Tensor | None, amax: torch.Tensor, found_inf: torch.Tensor | None) -> None:
+    finite = torch.isfinite(amax)
+    if amax_out is not None:
+        # A non-finite amax is not recorded: the step it comes from is skipped, and a delayed-scaling history must not
+        # carry it into the scales of the next steps.
+        amax_out.copy_(torch.where(finite, torch.maximum(amax_out, amax.reshape(amax_out.shape)), amax_out))
+    if found_inf is not None:
+        bad = finite.all().logical_not()
+        found_inf.copy_(torch.where(bad, torch.ones_like(found_inf), found_inf))
+
+
+def to_float8(
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    granularity: str = "tensor",
+    *,
+    scale: torch.Tensor | None = None,
+    amax_out: torch.Tensor | None = None,
+    transpose: bool = False,
+    found_inf: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of ``ampkernels.float8.to_float8``: ``x`` (any float dtype, [..., K], viewed as the [M, K] matrix
+    ``x.reshape(-1, K)``; its transpose [K, M] with ``transpose``) cast to ``dtype`` with a float32 scale.
+
+    * The scale: ``scale`` when given (delayed scaling: float32, one element for ``"tensor"``, [R, 1] for ``"row"``),
+      else :func:`float8_scale` of :func:`float8_amax` (current scaling; per row of the written matrix for
+      ``"row"``).
+    * ``data = (x.float() * scale)`` clamped to ``±float8_max(dtype)`` (saturating: a finite value never becomes
+      inf or NaN) and rounded to ``dtype`` by torch's conversion (round to nearest even); a non-finite element of
+      ``x`` becomes NaN in either format, so it reaches the product and the scaler's check instead of being
+      saturated away. ``data`` is contiguous: [M, K], or [K, M] with ``transpose``.
+    * Returns ``(data, scale_inv)`` with ``scale_inv = 1 / scale`` (float32; 0-d for ``"tensor"``, [R, 1] for
+      ``"row"``), the dequantization factor ``torch._scaled_mm`` takes: ``x ≈ data.float() * scale_inv``.
+    * ``amax_out`` (float32, the amax's shape): becomes ``max(amax_out, amax of x)`` when that amax is finite, and is
+      left alone otherwise (the delayed-scaling record of this pass). ``found_inf`` (float32, one element): set to
+      1.0 when the amax is not finite (``x`` holds an inf or NaN); never cleared.
+    """
+    xf = _rows_view(x, transpose).float()
+    amax = float8_amax(x, granularity, transpose)
+    s = float8_scale(amax, dtype) if scale is None else scale.float().reshape(amax.shape)
+    limit = float8_max(dtype)
+    y = (xf * s).clamp(-limit, limit)
+    y = torch.where(torch.isfinite(xf), y, torch.full_like(y, math.nan))
+    data = y.to(dtype).contiguous()
+    _record_amax(amax_out, amax, found_inf)
+    return data, torch.reciprocal(s)
+
+
+def to_float8_pair(
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    *,
+    scale: torch.Tensor | None = None,
+    amax_out: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference of ``ampkernels.float8.to_float8_pair``: one tensorwise cast written in both layouts, ``(data [M,
+    K], data_t [K, M], scale_inv)``, each contiguous and equal to :func:`to_float8`'s with ``transpose`` False /
+    True (the forward reads one layout, the backward the other)."""
+    data, scale_inv = to_float8(x, dtype, "tensor", scale=scale, amax_out=amax_out, found_inf=found_inf)
+    return data, data.t().contiguous(), scale_inv
+
+
+def scaled_matmul_float8(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    scale: torch.Tensor | float | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    found_inf: torch.Tensor | None = None,
+    amax_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference of ``ampkernels.scaled_matmul`` on float8 operands: in float32, ``v = (a.float() @ b.float()) *
+    (scale_a * scale_b)`` with ``scale_a`` one element or per row of a ([M, 1]) and ``scale_b`` one element or per
+    column of b ([1, N]) (``torch._scaled_mm``'s dequantization factors; None means 1), then ``v = v * scale + bias``
+    (``scale`` as in :func:`scaled_matmul`), ``v = out + v`` with ``accumulate``, rounded to ``out_dtype``.
+    ``found_inf`` as in :func:`scaled_matmul`; ``amax_out`` (float32, one element) becomes ``max(amax_out, max |result
+    as stored|)`` (NaN-propagating, like ``torch.maximum``): the amax the next layer's cast needs."""
+    v = a.float() @ b.float()
+    if scale_a is not None:
+        v = v * scale_a.float().reshape(-1, 1)
+    if scale_b is not None:
+        v = v * scale_b.float().reshape(1, -1)
+    if isinstance(scale, torch.Tensor):
+        v = v * scale.float()
+    elif scale is not None:
+        v = v * float(scale)
+    if bias is not None:
+        v = v + bias.float()
+    if accumulate:
+        v = out.float() + v
+    result = v.to(out_dtype)
+    if found_inf is not None and result.numel():
+        bad = torch.isfinite(result).all().logical_not()
+        found_inf.copy_(torch.where(bad, torch.ones_like(found_inf), found_inf))
+    if amax_out is not None and result.numel():
+        amax_out.copy_(torch.maximum(amax_out, result.float().abs().amax().reshape(amax_out.shape)))
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result
