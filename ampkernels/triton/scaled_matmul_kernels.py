@@ -16,6 +16,11 @@ bias, accumulation into the old output (read as fp32), cast, and the non-finite 
 a tile writes 1.0 to ``found_inf`` only when it holds a non-finite value (all writers write the same value, so
 the race is benign; nothing is ever cleared).
 
+Float8 operands (e4m3fn / e5m2) run in the same kernels: fp8 ``tl.dot`` with its partial sums added into the fp32
+accumulator every BLOCK_K (``MAX_IMPRECISE``), the dequantization factors ``scale_a`` (per tensor or row) and
+``scale_b`` (per tensor or column) applied first in the epilogue (``SCALE_A``/``SCALE_B``, compiled out for 16-bit
+operands), and the output's amax recorded last (``CHECK_AMAX``: an integer atomic max on the float bits).
+
 """
 
 from __future__ import annotations
