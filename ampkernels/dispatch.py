@@ -10,7 +10,13 @@ Ops and their backends (``BACKENDS[op]``, in order of preference):
   CUDA tensors (measured faster there), native first on CPU tensors.
 * ``scaled_matmul``: ``auto`` (Hopper: Triton or wgmma per problem, the faster as timed on first use), ``triton``,
   ``wgmma`` (the native sm_90a kernel), ``wmma`` (the native sm_75+ kernel), ``torch`` (the reference). On CPU
-  tensors the default is ``torch``.
+  tensors the default is ``torch``. ``cublas`` is a name of the float8 op only: asked for with 16-bit operands it
+  raises (:func:`why_not` says why).
+* ``scaled_matmul_float8`` (``scaled_matmul`` on float8 operands): ``auto`` (the fastest of Triton, wgmma and
+  cuBLAS per problem, timed on first use), ``triton`` (fp8 ``tl.dot``, sm_89+), ``wgmma`` (the native op
+  ``scaled_matmul_fp8_wgmma_``, in builds with sm_90a that have it), ``cublas`` (``torch._scaled_mm``, the rest of
+  the epilogue in torch ops after it; on CPU tensors torch's CPU kernel), ``torch`` (the reference). On CPU tensors
+  the default is ``torch``.
 
 A missing piece never breaks ``import ampkernels``: it only removes a backend, and asking for that backend by name
 raises with the reason (:func:`why_not`). The choice (:func:`select`): the backend passed by the caller, else the
@@ -19,10 +25,12 @@ op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs
 Environment variables read by ampkernels (``python -m ampkernels.info`` prints those set):
 
 * ``AMPKERNELS_BACKEND`` = native|triton|torch: every op's backend. For scaled_matmul ``native`` means the native
-  kernel that runs here (wgmma, else wmma); ``triton`` and ``torch`` mean themselves.
+  kernel that runs here (wgmma, else wmma; on float8 operands the fp8 wgmma op); ``triton`` and ``torch`` mean
+  themselves.
 * ``AMPKERNELS_SCALER_BACKEND`` = native|triton|torch: unscale_reduce_ and update_scale_ (FusedGradScaler, ops).
 * ``AMPKERNELS_OPTIMIZER_BACKEND`` = native|triton|torch: FusedAdam/FusedAdamW/FusedSGD.
 * ``AMPKERNELS_SCALED_MATMUL_BACKEND`` = auto|triton|wgmma|wmma|torch: scaled_matmul and ScaledLinear.
+* ``AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND`` = auto|triton|wgmma|cublas|torch: scaled_matmul on float8 operands.
 * ``AMPKERNELS_TUNE`` = 1 (default) | 0: 0 turns off timing (Triton's matmul config tuning and ``auto``'s choice
   between Triton and wgmma); fixed rules decide instead.
 * ``AMPKERNELS_SCALED_MATMUL_TMA_DESC`` = device (default) | host: where the Triton matmul builds its TMA
@@ -54,13 +62,18 @@ SCALER_OPS = ("unscale_reduce_", "update_scale_")
 # "adam_blockwise": FusedAdam's step with low-precision moments or stochastic rounding (its own choice of backend).
 OPTIMIZER_OPS = ("adam", "sgd", "adam_blockwise")
 _MULTI_TENSOR_BACKENDS = ("native", "triton", "torch")
-MATMUL_BACKENDS = ("auto", "triton", "wgmma", "wmma", "torch")
-#: The backends "auto" chooses between, per problem.
+# "cublas" (torch._scaled_mm) takes float8 operands only: a 16-bit call asking for it raises (see why_not).
+MATMUL_BACKENDS = ("auto", "triton", "wgmma", "wmma", "cublas", "torch")
+FLOAT8_MATMUL_BACKENDS = ("auto", "triton", "wgmma", "cublas", "torch")
+#: The backends "auto" chooses between, per problem (per op).
 AUTO_CANDIDATES = ("triton", "wgmma")
+FLOAT8_AUTO_CANDIDATES = ("triton", "wgmma", "cublas")
+_AUTO_CANDIDATES = {"scaled_matmul": AUTO_CANDIDATES, "scaled_matmul_float8": FLOAT8_AUTO_CANDIDATES}
 
 BACKENDS: dict[str, tuple[str, ...]] = {
     **{op: _MULTI_TENSOR_BACKENDS for op in SCALER_OPS + OPTIMIZER_OPS},
     "scaled_matmul": MATMUL_BACKENDS,
+    "scaled_matmul_float8": FLOAT8_MATMUL_BACKENDS,
 }
 
 GLOBAL_VARIABLE = "AMPKERNELS_BACKEND"
@@ -69,6 +82,7 @@ VARIABLES: dict[str, str] = {
     **{op: "AMPKERNELS_SCALER_BACKEND" for op in SCALER_OPS},
     **{op: "AMPKERNELS_OPTIMIZER_BACKEND" for op in OPTIMIZER_OPS},
     "scaled_matmul": "AMPKERNELS_SCALED_MATMUL_BACKEND",
+    "scaled_matmul_float8": "AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND",
 }
 
 #: Every environment variable ampkernels reads at run time (the docstring above says what each does).
@@ -77,6 +91,7 @@ ENVIRONMENT = (
     "AMPKERNELS_SCALER_BACKEND",
     "AMPKERNELS_OPTIMIZER_BACKEND",
     "AMPKERNELS_SCALED_MATMUL_BACKEND",
+    "AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND",
     "AMPKERNELS_TUNE",
     "AMPKERNELS_SCALED_MATMUL_TMA_DESC",
     "AMPKERNELS_TRITON_DIRECT_LAUNCH",
@@ -91,6 +106,7 @@ _TRITON_MODULES = {
     "sgd": "ampkernels.triton.optimizers",
     "adam_blockwise": "ampkernels.triton.blockwise",
     "scaled_matmul": "ampkernels.triton.scaled_matmul",
+    "scaled_matmul_float8": "ampkernels.triton.scaled_matmul",
 }
 
 
@@ -151,6 +167,11 @@ def wgmma_op():
     return _native_matmul_op("scaled_matmul_wgmma_")
 
 
+def wgmma_float8_op():
+    """``torch.ops.ampkernels.scaled_matmul_fp8_wgmma_``, or ``None`` when the extension lacks it."""
+    return _native_matmul_op("scaled_matmul_fp8_wgmma_")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Why a backend cannot run
 # --------------------------------------------------------------------------------------------------------------------
@@ -200,6 +221,11 @@ def _why_not_triton(op: str, device: torch.device) -> str | None:
 
 
 def _why_not_matmul(backend: str, device: torch.device) -> str | None:
+    if backend == "cublas":
+        return (
+            "'cublas' (torch._scaled_mm) runs float8 operands only; float16/bfloat16 operands run on "
+            f"{'/'.join(n for n in MATMUL_BACKENDS if n != 'cublas')}"
+        )
     if backend == "wmma":
         if device.type != "cuda":
             return "the WMMA kernel runs on CUDA tensors only"
@@ -229,12 +255,44 @@ def _why_not_matmul(backend: str, device: torch.device) -> str | None:
     raise AssertionError(backend)
 
 
+def _float8_capable(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        return f"float8 Tensor Cores need compute capability 8.9 or newer, this GPU is {capability[0]}.{capability[1]}"
+    return None
+
+
+def _why_not_float8_matmul(backend: str, device: torch.device) -> str | None:
+    if backend == "triton":
+        return _why_not_triton("scaled_matmul_float8", device) or _float8_capable(device)
+    if backend == "cublas":
+        if not hasattr(torch, "_scaled_mm"):
+            return f"this torch ({torch.__version__}) has no torch._scaled_mm"
+        if device.type not in ("cpu", "cuda"):
+            return f"torch._scaled_mm runs CUDA (and CPU) tensors, not {device.type}"
+        return _float8_capable(device)
+    if backend == "wgmma":
+        reason = _why_not_matmul("wgmma", device)
+        if reason is None and wgmma_float8_op() is None:
+            reason = "ampkernels._C has no scaled_matmul_fp8_wgmma_ op (built without the fp8 wgmma kernel)"
+        return reason
+    if backend == "auto":
+        if auto_candidates(device, "scaled_matmul_float8"):
+            return None
+        return f"'auto' chooses between {', '.join(FLOAT8_AUTO_CANDIDATES)} per problem, and none runs here"
+    raise AssertionError(backend)
+
+
 def why_not(op: str, backend: str, device: torch.device | str) -> str | None:
     """``None`` when ``backend`` can run ``op`` on ``device``, else the reason it cannot."""
     check_backend(op, backend)
     device = torch.device(device)
     if backend == "torch":
         return None
+    if op == "scaled_matmul_float8" and backend != "native":
+        return _why_not_float8_matmul(backend, device)
     if backend == "triton":
         return _why_not_triton(op, device)
     if backend == "native":
@@ -243,15 +301,16 @@ def why_not(op: str, backend: str, device: torch.device | str) -> str | None:
 
 
 @functools.cache
-def _auto_candidates(device: torch.device) -> tuple[str, ...]:
-    return tuple(name for name in AUTO_CANDIDATES if why_not("scaled_matmul", name, device) is None)
+def _auto_candidates(device: torch.device, op: str) -> tuple[str, ...]:
+    return tuple(name for name in _AUTO_CANDIDATES[op] if why_not(op, name, device) is None)
 
 
-def auto_candidates(device: torch.device) -> tuple[str, ...]:
-    """The backends of :data:`AUTO_CANDIDATES` that run scaled_matmul on ``device`` (cached per device)."""
+def auto_candidates(device: torch.device, op: str = "scaled_matmul") -> tuple[str, ...]:
+    """The backends "auto" chooses between that run ``op`` (scaled_matmul or scaled_matmul_float8) on ``device``
+    (:data:`AUTO_CANDIDATES`, :data:`FLOAT8_AUTO_CANDIDATES`; cached per device)."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return _auto_candidates(device)
+    return _auto_candidates(device, op)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -281,12 +340,14 @@ def requested(op: str, backend: str | None = None) -> tuple[str | None, str]:
 
 
 def _default(op: str, device: torch.device) -> str:
-    if op == "scaled_matmul":
+    if op in ("scaled_matmul", "scaled_matmul_float8"):
         if device.type != "cuda":
             return "torch"
-        if len(auto_candidates(device)) > 1:
+        if len(auto_candidates(device, op)) > 1:
             return "auto"
-        order = ("triton", "wgmma", "wmma", "torch")
+        order = (
+            ("triton", "wgmma", "wmma", "torch") if op == "scaled_matmul" else ("triton", "wgmma", "cublas", "torch")
+        )
     elif op == "adam_blockwise" and device.type == "cuda":
         # NOTE (H200, 1.1B params): Triton's blockwise step runs 8-bit moments in 5.4 ms and bfloat16 + stochastic
         # rounding in 4.1 ms, the CUDA kernel in 12.0 and 7.5 ms (dev/optimizers/NOTES.md).
@@ -303,8 +364,9 @@ def select(op: str, device: torch.device | str, requested_backend: str | None = 
     name, source = requested(op, requested_backend)
     if name is None:
         return _default(op, device)
-    if op == "scaled_matmul" and name == "native":  # AMPKERNELS_BACKEND=native: the native kernel that runs here
-        reasons = {k: why_not(op, k, device) for k in ("wgmma", "wmma")}
+    if op in ("scaled_matmul", "scaled_matmul_float8") and name == "native":
+        # AMPKERNELS_BACKEND=native: the native kernel that runs here
+        reasons = {k: why_not(op, k, device) for k in (("wgmma", "wmma") if op == "scaled_matmul" else ("wgmma",))}
         ok = [k for k, reason in reasons.items() if reason is None]
         if ok:
             return ok[0]

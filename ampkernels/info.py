@@ -20,6 +20,7 @@ _OP_NAMES = {
     "sgd": "sgd (FusedSGD)",
     "adam_blockwise": "adam_blockwise (FusedAdam with low-bit moments or stochastic rounding)",
     "scaled_matmul": "scaled_matmul (and ScaledLinear)",
+    "scaled_matmul_float8": "scaled_matmul_float8 (scaled_matmul on float8 operands)",
 }
 
 
@@ -33,7 +34,8 @@ def _op_line(op: str, device: torch.device) -> str:
     how = f"{source}={asked}" if asked is not None else "default"
     shown = chosen
     if chosen == "auto":
-        shown = f"auto ({' or '.join(dispatch.auto_candidates(device))} per problem, the faster as timed on first use)"
+        candidates = dispatch.auto_candidates(device, op)
+        shown = f"auto ({' or '.join(candidates)} per problem, the fastest as timed on first use)"
     others = []
     for name in dispatch.BACKENDS[op]:
         if name != chosen:

@@ -103,9 +103,9 @@ def test_scaled_linear_output_scale(device, output_scale):
 @pytest.mark.parametrize("backend", ["", "native", "cuBLAS", "Triton"])
 def test_unknown_backend_names_the_valid_choices(backend):
     a = b = torch.ones(4, 4, dtype=torch.float16)
-    with pytest.raises(ValueError, match="argument 'backend'.*auto/triton/wgmma/wmma/torch"):
+    with pytest.raises(ValueError, match="argument 'backend'.*auto/triton/wgmma/wmma/cublas/torch"):
         scaled_matmul(a, b, backend=backend)
-    with pytest.raises(ValueError, match="argument 'backend'.*auto/triton/wgmma/wmma/torch"):
+    with pytest.raises(ValueError, match="argument 'backend'.*auto/triton/wgmma/wmma/cublas/torch"):
         ScaledLinear(4, 4, backend=backend, dtype=torch.float16)(a)
 
 

@@ -29,7 +29,7 @@ def test_backend_choice(monkeypatch):
     monkeypatch.setenv("AMPKERNELS_SCALED_MATMUL_BACKEND", "torch")
     assert sm_api.select_backend(torch.device("cuda")) == "torch"
     monkeypatch.setenv("AMPKERNELS_SCALED_MATMUL_BACKEND", "no-such-backend")
-    with pytest.raises(ValueError, match="AMPKERNELS_SCALED_MATMUL_BACKEND.*auto/triton/wgmma/wmma/torch"):
+    with pytest.raises(ValueError, match="AMPKERNELS_SCALED_MATMUL_BACKEND.*auto/triton/wgmma/wmma/cublas/torch"):
         sm_api.select_backend(cpu)
     monkeypatch.delenv("AMPKERNELS_SCALED_MATMUL_BACKEND")
     with pytest.raises(RuntimeError, match="wmma"):
@@ -73,7 +73,7 @@ def test_auto_times_once_per_signature_and_never_while_capturing(monkeypatch, fr
         timed.append(key)
         return "wgmma"
 
-    monkeypatch.setattr(dispatch, "auto_candidates", lambda device: ("triton", "wgmma"))
+    monkeypatch.setattr(dispatch, "auto_candidates", lambda device, op="scaled_matmul": ("triton", "wgmma"))
     monkeypatch.setattr(sm_dispatch, "_time_auto", time_auto)
     monkeypatch.setattr(sm_dispatch, "num_sms", lambda device: 132)
     monkeypatch.setattr(dispatch, "triton_interpreting", lambda: False)  # tuning is off under the interpreter

@@ -7,6 +7,11 @@ Backends: ``"triton"`` (``ampkernels/triton/scaled_matmul.py``), ``"wgmma"`` (th
 ``ampkernels::scaled_matmul_wmma_``, sm_75 and newer), ``"torch"`` (:func:`ampkernels.reference.scaled_matmul`, also
 the only backend for float32/float64 operands) and, the default on Hopper, ``"auto"``: Triton or wgmma per problem
 (:func:`ampkernels.matmul.dispatch.auto_backend`).
+
+Float8 operands (:func:`_scaled_matmul_float8`) have their own checks, backends (``"auto"``, ``"triton"``,
+``"wgmma"``: the native op ``ampkernels::scaled_matmul_fp8_wgmma_``, ``"cublas"``: ``torch._scaled_mm``,
+``"torch"``: :func:`ampkernels.reference.scaled_matmul_float8`; op ``"scaled_matmul_float8"`` of
+:mod:`ampkernels.dispatch`) and per-signature cache (:class:`_Float8Call`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from ampkernels import dispatch
 from ampkernels._constants import SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
 from ampkernels.matmul import dispatch as matmul_dispatch
 from ampkernels.matmul import ops as _ops  # noqa: F401  (registers the torch.library ops)
-from ampkernels.matmul.dispatch import auto_backend, launch
+from ampkernels.matmul.dispatch import FLOAT8_DTYPES, auto_backend, cublas_refuses, launch, launch_float8
 from ampkernels.triton import capturing
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -109,6 +114,46 @@ def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
     return x0 < y1 and y0 < x1 and x.device == y.device
 
 
+def _check_amax_out(amax_out, device):
+    if amax_out is None:
+        return
+    if not isinstance(amax_out, torch.Tensor):
+        raise TypeError(f"ampkernels.scaled_matmul: argument 'amax_out': expected a tensor, got {type(amax_out)}")
+    if amax_out.dtype != torch.float32 or amax_out.numel() != 1:
+        raise _error("amax_out", f"expected a 1-element float32 tensor, got {amax_out.dtype} {_shape(amax_out)}")
+    if amax_out.device != device:
+        raise _error("amax_out", f"expected a tensor on {device}, got one on {amax_out.device}")
+
+
+def _check_operands(a, b) -> None:
+    """Shapes and devices of a [..., M, K] and b [K, N] (dtypes are checked per path)."""
+    if a.ndim < 2:
+        raise _error("a", f"expected a tensor of at least 2 dimensions [..., M, K], got {_shape(a)}")
+    if b.ndim != 2:
+        raise _error("b", f"expected a 2-D tensor [K, N], got {_shape(b)}")
+    if a.shape[-1] != b.shape[0]:
+        raise _error("b", f"inner dimensions differ: a is {_shape(a)} (K={a.shape[-1]}), b is {_shape(b)}")
+    if b.device != a.device:
+        raise _error("b", f"expected a tensor on {a.device} (like a), got one on {b.device}")
+
+
+def _check_bias(bias, N: int, device, compute, operand_dtype):
+    """``bias`` [N] contiguous, converted to ``compute`` unless it is already that or ``operand_dtype``."""
+    if bias is None:
+        return None
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"ampkernels.scaled_matmul: argument 'bias': expected a tensor, got {type(bias)}")
+    if bias.shape != (N,):
+        raise _error("bias", f"expected shape [{N}], got {_shape(bias)}")
+    if not bias.is_floating_point():
+        raise _error("bias", f"expected a floating-point tensor, got {bias.dtype}")
+    if bias.device != device:
+        raise _error("bias", f"expected a tensor on {device} (like a), got one on {bias.device}")
+    if bias.dtype not in (compute, operand_dtype):
+        bias = bias.to(compute)
+    return bias.contiguous()
+
+
 def _check_out(out, expected_shape, out_dtype, device, others):
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"ampkernels.scaled_matmul: argument 'out': expected a tensor, got {type(out).__name__}")
@@ -132,17 +177,21 @@ def scaled_matmul(
     b: torch.Tensor,
     scale: float | torch.Tensor | None = None,
     *,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
     accumulate: bool = False,
     found_inf: torch.Tensor | None = None,
+    amax_out: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
     """``scale * (a @ b) + bias`` with fp32 accumulation and the scale, bias and checks in the kernel's epilogue.
 
     Args:
-        a: [..., M, K] float16 or bfloat16, any strides (batch dimensions are flattened into M rows).
+        a: [..., M, K] float16 or bfloat16, any strides (batch dimensions are flattened into M rows); or float8
+            (see below).
         b: [K, N], same dtype as ``a``, any strides (``w.t()`` of a Linear weight is read as is).
         scale: a Python float (host constant), or a float tensor on a's device (float32 after conversion; a 0-d
             CPU tensor is copied over): one element (no host sync), per row: shape ``a.shape[:-1] + (1,)`` (e.g.
@@ -156,8 +205,22 @@ def scaled_matmul(
             computed in fp32 from the old value (gradient accumulation into fp32 buffers).
         found_inf: float32, 1 element: set to 1.0 when any output element as stored is inf/NaN (also from
             overflow in the cast to fp16); never cleared. Computed in the epilogue, no extra pass, no host sync.
-        backend: "auto", "triton", "wgmma", "wmma" or "torch" (the reference); default: the op's choice in
-            :mod:`ampkernels.dispatch` (``python -m ampkernels.info`` shows it).
+        amax_out: float32, 1 element: becomes ``max(amax_out, max |out as stored|)``, NaN-propagating (a NaN in
+            the output makes it NaN); in the Triton epilogue an atomic max, other backends add a torch pass. The
+            amax the next layer's float8 cast needs. Not with autograd.
+        scale_a, scale_b: float8 operands only (see below).
+        backend: "auto", "triton", "wgmma", "wmma" or "torch" (the reference); float8: "auto", "triton", "wgmma",
+            "cublas" or "torch"; default: the op's choice in :mod:`ampkernels.dispatch` (``python -m
+            ampkernels.info`` shows it).
+
+    Float8 operands (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``, not both e5m2, which cuBLAS refuses too):
+    ``out = ((a.float() @ b.float()) * scale_a * scale_b * scale + bias).to(out_dtype)``
+    (:func:`ampkernels.reference.scaled_matmul_float8`), with ``scale_a`` (float32: one element, or per row of a:
+    ``[M, 1]`` / ``a.shape[:-1] + (1,)``) and ``scale_b`` (float32: one element, or per column of b: ``[1, N]`` /
+    ``[N]``) the dequantization factors of ``torch._scaled_mm`` (None means 1); ``out_dtype`` defaults to
+    ``out.dtype``, else bfloat16. Fast with a row-major and b column-major (b = ``w8.t()`` of a [N, K] weight);
+    other layouts are copied to that one first. Float8 tensors take no part in autograd: an argument that requires
+    grad raises (``ampkernels.float8.Float8Linear`` has its own autograd). Autocast leaves float8 operands alone.
 
     Returns ``out`` (or a new [..., M, N] tensor). Is equivalent to
     ``(scale * (a.float() @ b.float()) + bias).to(out_dtype)`` (with ``out += ...`` for ``accumulate``).
@@ -171,32 +234,48 @@ def scaled_matmul(
     """
     key = None
     if type(a) is torch.Tensor and type(b) is torch.Tensor and not torch.compiler.is_compiling():
-        key = _call_key(a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend)
-        entry = _CALLS.get(key)
-        if entry is not None:
-            result = entry.run(a, b, scale, bias, out, found_inf)
-            if result is not None:
-                return result
-    result = _scaled_matmul_checked(a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend, key)
+        if a.dtype in FLOAT8_DTYPES:
+            key = _float8_key(a, b, scale, scale_a, scale_b, bias, out_dtype, out, accumulate, found_inf, amax_out)
+            key = (key, backend)
+            entry = _FLOAT8_CALLS.get(key)
+            if entry is not None:
+                result = entry.run(a, b, scale, scale_a, scale_b, bias, out, found_inf, amax_out)
+                if result is not None:
+                    return result
+            return _scaled_matmul_float8(
+                a, b, scale, scale_a, scale_b, bias, out_dtype, out, accumulate, found_inf, amax_out, backend, key
+            )
+        if scale_a is None and scale_b is None and amax_out is None:
+            key = _call_key(a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend)
+            entry = _CALLS.get(key)
+            if entry is not None:
+                result = entry.run(a, b, scale, bias, out, found_inf)
+                if result is not None:
+                    return result
+    result = _scaled_matmul_checked(
+        a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend, key, scale_a, scale_b, amax_out
+    )
     return result
 
 
-def _scaled_matmul_checked(a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend, key):
+def _scaled_matmul_checked(
+    a, b, scale, bias, out_dtype, out, accumulate, found_inf, backend, key, scale_a=None, scale_b=None, amax_out=None
+):
     """Every check, then the launch; caches a :class:`_Call` under ``key`` when the call qualifies."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         bad = "a" if not isinstance(a, torch.Tensor) else "b"
         raise TypeError(f"ampkernels.scaled_matmul: argument '{bad}': expected a tensor")
+    if a.dtype in FLOAT8_DTYPES:
+        return _scaled_matmul_float8(
+            a, b, scale, scale_a, scale_b, bias, out_dtype, out, accumulate, found_inf, amax_out, backend, None
+        )
+    for name, factor in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if factor is not None:
+            raise _error(name, f"dequantization factors go with float8 operands; a is {a.dtype} (use 'scale')")
     if torch.is_autocast_enabled(a.device.type) and a.is_floating_point() and b.is_floating_point():
         cast = torch.get_autocast_dtype(a.device.type)
         a, b = a.to(cast), b.to(cast)
-    if a.ndim < 2:
-        raise _error("a", f"expected a tensor of at least 2 dimensions [..., M, K], got {_shape(a)}")
-    if b.ndim != 2:
-        raise _error("b", f"expected a 2-D tensor [K, N], got {_shape(b)}")
-    if a.shape[-1] != b.shape[0]:
-        raise _error("b", f"inner dimensions differ: a is {_shape(a)} (K={a.shape[-1]}), b is {_shape(b)}")
-    if b.device != a.device:
-        raise _error("b", f"expected a tensor on {a.device} (like a), got one on {b.device}")
+    _check_operands(a, b)
     if b.dtype != a.dtype:
         raise _error("b", f"expected dtype {a.dtype} (like a), got {b.dtype}")
 
@@ -219,23 +298,13 @@ def _scaled_matmul_checked(a, b, scale, bias, out_dtype, out, accumulate, found_
     M, K, N = math.prod(a.shape[:-1]), b.shape[0], b.shape[1]
 
     alpha, scale_t, mode = _normalize_scale(scale, a, out_shape, compute)
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor):
-            raise TypeError(f"ampkernels.scaled_matmul: argument 'bias': expected a tensor, got {type(bias)}")
-        if bias.shape != (N,):
-            raise _error("bias", f"expected shape [{N}], got {_shape(bias)}")
-        if not bias.is_floating_point():
-            raise _error("bias", f"expected a floating-point tensor, got {bias.dtype}")
-        if bias.device != a.device:
-            raise _error("bias", f"expected a tensor on {a.device} (like a), got one on {bias.device}")
-        if bias.dtype not in (compute, a.dtype):
-            bias = bias.to(compute)
-        bias = bias.contiguous()
+    bias = _check_bias(bias, N, a.device, compute, a.dtype)
     _check_found_inf(found_inf, a.device)
+    _check_amax_out(amax_out, a.device)
     if accumulate and out is None:
         raise _error("accumulate", "accumulate=True adds into `out`, which is missing")
     if out is not None:
-        others = {"a": a, "b": b, "scale": scale_t, "bias": bias, "found_inf": found_inf}
+        others = {"a": a, "b": b, "scale": scale_t, "bias": bias, "found_inf": found_inf, "amax_out": amax_out}
         _check_out(out, out_shape, out_dtype, a.device, others)
         if out.requires_grad and torch.is_grad_enabled():
             # Writing into it would drop its gradient history without a trace (torch's out= ops refuse too).
@@ -247,12 +316,19 @@ def _scaled_matmul_checked(a, b, scale, bias, out_dtype, out, accumulate, found_
     if needs_grad:
         if out is not None:
             raise _error("out", "out=/accumulate= do not support autograd (an input requires grad)")
+        if amax_out is not None:
+            raise _error("amax_out", "is not supported with autograd (an input requires grad); call without it")
         result, flag = torch.ops.ampkernels.scaled_mm(
             a2, b, scale_t, mode, alpha, bias, out_dtype, found_inf is not None, name
         )
         if found_inf is not None:
             torch.maximum(found_inf.reshape(1), flag, out=found_inf.view(1))
         return result.view(out_shape)
+    if amax_out is not None:  # the op with the amax epilogue (no cached signature: not a hot path for 16 bits)
+        if out is None:
+            out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
+        _launch_float8_op(name, a2, b, None, None, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out)
+        return out
     autocasting = torch.is_autocast_enabled(a.device.type)
     if key is not None and not autocasting and _plain_eager(a2, b, scale_t, bias, out, found_inf):
         entry = _Call.make(
@@ -296,6 +372,7 @@ def clear_caches() -> None:
     """Forgets the cached call signatures, "auto" choices and Triton launchers (after changing AMPKERNELS_*
     variables)."""
     _CALLS.clear()
+    _FLOAT8_CALLS.clear()
     matmul_dispatch.clear_caches()
 
 
@@ -447,6 +524,198 @@ def _plain_eager(*tensors) -> bool:
     ):
         return False
     return all(t is None or type(t) is torch.Tensor for t in tensors)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Float8 operands
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _check_factor(argument: str, factor, a: torch.Tensor, length: int, shapes: tuple[tuple[int, ...], ...]):
+    """A dequantization factor (scale_a / scale_b): float32 on a's device, one element (returned as is: the kernels
+    read its first element) or one of ``shapes`` (returned as a contiguous [length] vector)."""
+    if factor is None:
+        return None
+    if not isinstance(factor, torch.Tensor):
+        raise TypeError(
+            f"ampkernels.scaled_matmul: argument '{argument}': expected a tensor, got {type(factor).__name__}"
+        )
+    if factor.dtype != torch.float32:
+        raise _error(argument, f"expected a float32 tensor (as torch._scaled_mm takes), got {factor.dtype}")
+    if factor.device != a.device:
+        raise _error(argument, f"expected a tensor on {a.device} (like a), got one on {factor.device}")
+    if factor.numel() == 1:
+        return factor
+    if tuple(factor.shape) in shapes:
+        return factor.reshape(length).contiguous()
+    allowed = " or ".join(str(list(shape)) for shape in dict.fromkeys(shapes))
+    raise _error(argument, f"shape {_shape(factor)} is not a single element or {allowed}")
+
+
+def _launch_float8_op(name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out):
+    """:func:`launch_float8` directly for plain eager tensors (bumping the version counters the op would), else
+    through ``ampkernels::scaled_mm_fp8_`` (tracing, compile, modes, subclasses)."""
+    M, N = a2.shape[0], b.shape[1]
+    out2 = out.view(M, N)
+    if torch.is_autocast_enabled(a2.device.type):  # the torch ops of the reference and of the cuBLAS epilogue
+        with torch.autocast(a2.device.type, enabled=False):
+            return _launch_float8_op(
+                name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out
+            )
+    if _plain_eager(a2, b, scale_a, scale_b, scale_t, bias, out2, found_inf, amax_out):
+        launch_float8(name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, amax_out)
+        for mutated in (out, found_inf, amax_out):
+            if mutated is not None:
+                torch.autograd.graph.increment_version(mutated)
+        return
+    torch.ops.ampkernels.scaled_mm_fp8_(
+        a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, amax_out, name
+    )
+
+
+def _scaled_matmul_float8(
+    a, b, scale, scale_a, scale_b, bias, out_dtype, out, accumulate, found_inf, amax_out, backend, key
+):
+    """Every check of a call with float8 operands, then the launch; caches a :class:`_Float8Call` under ``key``."""
+    if not isinstance(b, torch.Tensor):
+        raise TypeError("ampkernels.scaled_matmul: argument 'b': expected a tensor")
+    _check_operands(a, b)
+    if b.dtype not in FLOAT8_DTYPES:
+        raise _error("b", f"expected a float8 tensor (a is {a.dtype}), got {b.dtype}")
+    if a.dtype == b.dtype == torch.float8_e5m2:
+        raise _error("b", "float8_e5m2 x float8_e5m2 is not supported (cuBLAS refuses it too): one of a, b e4m3fn")
+    name = dispatch.select("scaled_matmul_float8", a.device, backend)
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+    if out_dtype not in OUT_DTYPES:
+        raise _error("out_dtype", f"expected one of float16, bfloat16, float32, got {out_dtype}")
+    out_shape = (*a.shape[:-1], b.shape[1])
+    M, K, N = math.prod(a.shape[:-1]), b.shape[0], b.shape[1]
+    if name == "cublas":
+        reason = cublas_refuses(K, N, a.device)
+        if reason is not None:
+            raise _error("backend", f"'cublas': {reason}; backend 'triton' or 'auto' takes any shape")
+    rows = (*a.shape[:-1], 1)
+    caller_factors = {"scale_a": scale_a, "scale_b": scale_b}  # for the overlap check: before any copy
+    scale_a = _check_factor("scale_a", scale_a, a, M, ((M, 1), rows))
+    scale_b = _check_factor("scale_b", scale_b, a, N, ((1, N), (N,)))
+    alpha, scale_t, mode = _normalize_scale(scale, a, out_shape, torch.float32)
+    caller_bias = bias
+    bias = _check_bias(bias, N, a.device, torch.float32, out_dtype)
+    _check_found_inf(found_inf, a.device)
+    _check_amax_out(amax_out, a.device)
+    if accumulate and out is None:
+        raise _error("accumulate", "accumulate=True adds into `out`, which is missing")
+    if torch.is_grad_enabled():
+        named = {"a": a, "b": b, "scale": scale, "scale_a": scale_a, "scale_b": scale_b, "bias": bias, "out": out}
+        for argument, t in named.items():
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise _error(
+                    argument,
+                    "requires grad: a float8 scaled_matmul takes no part in autograd (ampkernels.float8.Float8Linear "
+                    "has its own backward); pass detached tensors or call under torch.no_grad()",
+                )
+    if out is not None:
+        others = {
+            "a": a, "b": b, "scale": scale_t, **caller_factors, "bias": bias, "found_inf": found_inf,
+            "amax_out": amax_out,
+        }  # fmt: skip
+        _check_out(out, out_shape, out_dtype, a.device, others)
+    a2 = a if a.ndim == 2 else a.reshape(M, K)
+    if key is not None and _plain_eager(a2, b, scale_t, scale_a, scale_b, bias, out, found_inf, amax_out):
+        entry = _Float8Call.make(
+            scale, scale_t, mode, scale_a, scale_b, caller_bias, out_dtype, out, accumulate, name, out_shape
+        )
+        if entry is not None:
+            if len(_FLOAT8_CALLS) >= _MAX_CACHED:
+                _FLOAT8_CALLS.clear()
+            _FLOAT8_CALLS[key] = entry
+    if out is None:
+        out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
+    _launch_float8_op(name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out)
+    return out
+
+
+# NOTE: the float8 checks cost as much host time as the 16-bit ones (see the note at _CALLS); a float8 Linear calls
+# three GEMMs a step per layer. The same scheme: a call whose metadata was checked once only launches.
+_FLOAT8_CALLS: dict[tuple, _Float8Call] = {}
+
+
+def _float8_key(a, b, scale, scale_a, scale_b, bias, out_dtype, out, accumulate, found_inf, amax_out) -> tuple:
+    tensors = (a, b, scale, scale_a, scale_b, bias, out, found_inf, amax_out)
+    return (
+        tuple(_tensor_key(t) for t in tensors),
+        tuple(type(t) is not torch.Tensor or not t.data_ptr() & 15 for t in tensors),
+        out_dtype,
+        accumulate,
+    )
+
+
+class _Float8Call:
+    """A checked float8 call signature (see :class:`_Call`): made for plain eager calls whose scale is None, a
+    Python number or a float32 tensor on a's device, and whose bias needs no conversion; the tensors of a call
+    with the same metadata are only reshaped, checked for overlap with ``out``, and launched."""
+
+    __slots__ = ("backend", "out_shape", "out_dtype", "mode", "scale_shape", "accumulate", "extents", "vectors")
+
+    @classmethod
+    def make(cls, scale, scale_t, mode, scale_a, scale_b, bias, out_dtype, out, accumulate, name, out_shape):
+        """``bias``: as the caller passed it (every float dtype is read as is: only its layout matters)."""
+        if type(scale) not in (float, int, type(None), torch.Tensor):
+            return None
+        if isinstance(scale, torch.Tensor) and not (
+            scale.dtype == torch.float32 and scale_t.data_ptr() == scale.data_ptr()
+        ):
+            return None  # converted or copied per call
+        if bias is not None and not bias.is_contiguous():
+            return None
+        if capturing():
+            return None  # what a capture settles is provisional
+        call = cls()
+        call.backend, call.out_shape, call.out_dtype = name, out_shape, out_dtype
+        call.mode, call.accumulate = mode, bool(accumulate)
+        call.scale_shape = None if scale_t is None else tuple(scale_t.shape)
+        call.vectors = (scale_a is not None and scale_a.numel() > 1, scale_b is not None and scale_b.numel() > 1)
+        call.extents = None if out is None else _extent(out)
+        return call
+
+    def run(self, a, b, scale, scale_a, scale_b, bias, out, found_inf, amax_out):
+        """Launches; None when the call needs the checked path (grad, tracing, an overlap error)."""
+        if torch.is_grad_enabled() and any(
+            type(t) is torch.Tensor and t.requires_grad for t in (a, b, scale, scale_a, scale_b, bias, out)
+        ):
+            return None
+        if torch.is_autocast_enabled(a.device.type) or not _plain_eager():
+            return None
+        out_shape = self.out_shape
+        M, N = math.prod(out_shape[:-1]), out_shape[-1]
+        K = b.shape[0]
+        if out is None:
+            out = torch.empty(out_shape, dtype=self.out_dtype, device=a.device)
+        else:
+            out_start, out_end = out.data_ptr(), out.data_ptr() + self.extents
+            for other in (a, b, scale, scale_a, scale_b, bias, found_inf, amax_out):
+                if type(other) is torch.Tensor and other.numel():
+                    start, end = _byte_range(other)
+                    if start < out_end and out_start < end:
+                        return None  # the checked path raises the error naming the argument
+        if type(scale) is torch.Tensor:
+            alpha, scale_t = 1.0, scale.view(self.scale_shape)
+        else:
+            alpha, scale_t = (1.0 if scale is None else float(scale)), None
+        if self.vectors[0]:
+            scale_a = scale_a.reshape(M).contiguous()
+        if self.vectors[1]:
+            scale_b = scale_b.reshape(N).contiguous()
+        a2 = a if a.ndim == 2 else a.reshape(M, K)
+        launch_float8(
+            self.backend, a2, b, scale_a, scale_b, scale_t, self.mode, alpha, bias, out.view(M, N), self.accumulate,
+            found_inf, amax_out,
+        )  # fmt: skip
+        for mutated in (out, found_inf, amax_out):
+            if mutated is not None:
+                torch.autograd.graph.increment_version(mutated)
+        return out
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The ``torch.library`` ops behind :func:`ampkernels.scaled_matmul`: ``ampkernels::scaled_mm_`` (mutating: writes
-``out``, may set ``found_inf``; used when no gradient is needed) and ``ampkernels::scaled_mm`` (functional, with
-autograd). Both have fake implementations, so ``torch.compile`` traces them and ``torch.library.opcheck`` passes;
-autocast is applied before them, in :func:`ampkernels.matmul.api.scaled_matmul`, like ``aten::mm`` does.
+``out``, may set ``found_inf``; used when no gradient is needed), ``ampkernels::scaled_mm`` (functional, with
+autograd) and ``ampkernels::scaled_mm_fp8_`` (mutating: float8 operands with their dequantization factors, and any
+call with ``amax_out``; no autograd: float8 tensors take none). All have fake implementations, so ``torch.compile``
+traces them and ``torch.library.opcheck`` passes; autocast is applied before them, in
+:func:`ampkernels.matmul.api.scaled_matmul`, like ``aten::mm`` does (float8 operands are left alone).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ampkernels._constants import SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
-from ampkernels.matmul.dispatch import launch
+from ampkernels.matmul.dispatch import launch, launch_float8
 
 
 @torch.library.custom_op("ampkernels::scaled_mm_", mutates_args=("out", "found_inf"))
@@ -31,6 +33,33 @@ def _scaled_mm_out(
 
 @_scaled_mm_out.register_fake
 def _(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, backend) -> None:
+    return None
+
+
+@torch.library.custom_op("ampkernels::scaled_mm_fp8_", mutates_args=("out", "found_inf", "amax_out"))
+def _scaled_mm_fp8_out(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor | None,
+    scale_b: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    scale_mode: int,
+    alpha: float,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    accumulate: bool,
+    found_inf: torch.Tensor | None,
+    amax_out: torch.Tensor | None,
+    backend: str,
+) -> None:
+    """In place: ``out (+)= alpha * scale * ((a @ b) * scale_a * scale_b) + bias``, then ``amax_out = max(amax_out,
+    max |out|)``; a [M, K], b [K, N] float8 (or 16-bit with scale_a, scale_b None), scale_a one element or [M],
+    scale_b one element or [N] (float32), out [M, N] row-major."""
+    launch_float8(backend, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out)
+
+
+@_scaled_mm_fp8_out.register_fake
+def _(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out, backend) -> None:
     return None
 
 

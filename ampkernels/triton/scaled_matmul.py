@@ -7,6 +7,7 @@ interpreter. Everything that depends only on a call's metadata is cached per sig
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import warnings
@@ -107,6 +108,15 @@ POINTER_CONFIGS = (
 )
 POINTER_SMALL = Config(64, 128, 32, 4, 4, programs_per_sm=2)
 INTERPRETER_CONFIG = Config(32, 32, 32, 1, 4, group_m=2)
+
+
+def _float8_configs(configs: tuple[Config, ...]) -> tuple[Config, ...]:
+    """The same tiles with BLOCK_K doubled: a stage of 1-byte operands at 2 x BLOCK_K takes the bytes of a 16-bit one
+    (128x256x128 fp8: 48 KB, as 128x256x64 bf16), so the same pipeline depths fit; fp8 wgmma consumes K 32 a step."""
+    return tuple(dataclasses.replace(c, block_k=2 * c.block_k) for c in configs)
+
+
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Below this many multiply-adds a problem runs in microseconds: tuning it would cost more than it saves.
 TUNE_MIN_MACS = 2**30
 
@@ -168,6 +178,10 @@ def _tma_ok(t: torch.Tensor) -> bool:
     return (lead * t.element_size()) % 16 == 0
 
 
+def is_float8(t: torch.Tensor) -> bool:
+    return t.dtype in FLOAT8_DTYPES
+
+
 def _col_major(t: torch.Tensor) -> bool:
     rows, cols = t.shape
     return not (t.stride(1) == 1 and t.stride(0) >= cols) and t.stride(0) == 1
@@ -189,6 +203,24 @@ class Problem:
     out: torch.Tensor
     accumulate: bool
     found_inf: torch.Tensor | None
+    scale_a: torch.Tensor | None = None  # float8: one element or [M] (the dequantization factors)
+    scale_b: torch.Tensor | None = None  # float8: one element or [N]
+    amax_out: torch.Tensor | None = None  # float32, one element
+
+
+def _factor_mode(factor: torch.Tensor | None) -> int:
+    """The kernels' SCALE_A / SCALE_B: 0 absent, 1 one element, 2 a vector (per row of a / per column of b)."""
+    if factor is None:
+        return 0
+    return 1 if factor.numel() == 1 else 2
+
+
+# NOTE: Hopper's fp8 wgmma adds its products into an accumulator of reduced precision (about 22 bits); Triton's
+# default on sm_90 keeps that for the whole K loop (max_num_imprecise_acc 2^30, cuBLAS's "fast accumulation"). Adding
+# into the fp32 accumulator after every BLOCK_K of K, as torch._scaled_mm does by default, keeps the error at
+# cuBLAS's (the accuracy rule of tests/test_scaled_matmul_float8.py).
+def _max_imprecise(a: torch.Tensor, cfg: Config) -> int:
+    return cfg.block_k if is_float8(a) else 0
 
 
 _DUMMIES: dict[torch.device, torch.Tensor] = {}
@@ -267,7 +299,15 @@ class _Launcher:
         self.direct = direct
         self.device_desc = False
         self.descs = None
-        epilogue = (p.bias is not None, p.accumulate, p.found_inf is not None)
+        epilogue = (
+            p.bias is not None,
+            p.accumulate,
+            p.found_inf is not None,
+            _factor_mode(p.scale_a),
+            _factor_mode(p.scale_b),
+            p.amax_out is not None,
+        )
+        max_imprecise = _max_imprecise(p.a, cfg)
         if plan.kind == "tma":
             a_col, b_col = plan.a_col, plan.b_col
             stride_a = p.a.stride(1) if a_col else p.a.stride(0)
@@ -287,7 +327,7 @@ class _Launcher:
                 )
             self.tail = (
                 M, N, K, p.scale_mode, self.stream_k_tiles, stride_a, stride_b, out.stride(0),
-                a_col, b_col, *epilogue, plan.out_tma, dispatch.triton_interpreting(),
+                a_col, b_col, *epilogue, plan.out_tma, dispatch.triton_interpreting(), max_imprecise,
                 cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.epilogue_split, programs, cfg.flatten,
                 self.device_desc, bool(self.stream_k_tiles), self.stream_k_columns,
             )  # fmt: skip
@@ -295,30 +335,37 @@ class _Launcher:
             self.kernel = _scaled_mm_ptr_kernel
             self.tail = (
                 M, N, K, p.scale_mode, p.a.stride(0), p.a.stride(1), p.b.stride(0), p.b.stride(1), out.stride(0),
-                *epilogue, dispatch.triton_interpreting(), cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, programs,
+                *epilogue, dispatch.triton_interpreting(), max_imprecise, cfg.block_m, cfg.block_n, cfg.block_k,
+                cfg.group_m, programs,
             )  # fmt: skip
 
-    def args(self, a, b, scale, alpha, bias, out, found_inf) -> tuple:
+    def args(self, a, b, scale, alpha, bias, out, found_inf, scale_a=None, scale_b=None, amax_out=None) -> tuple:
         dummy = self.dummy
         scale = dummy if scale is None else scale
         bias = dummy if bias is None else bias
         found_inf = dummy if found_inf is None else found_inf
+        # the float8 epilogue's pointers (amax as its int32 bits: see _record_amax)
+        fp8 = (
+            dummy if scale_a is None else scale_a,
+            dummy if scale_b is None else scale_b,
+            dummy if amax_out is None else amax_out.view(torch.int32),
+        )
         if self.kind != "tma":
-            return (a, b, out, scale, bias, found_inf, alpha) + self.tail
+            return (a, b, out, scale, bias, found_inf, *fp8, alpha) + self.tail
         if self.partials_numel:  # per call: launches on other streams must not share them
             partials = torch.empty(self.partials_numel, dtype=torch.float32, device=out.device)
             flags = torch.zeros(self.grid[0], dtype=torch.int32, device=out.device)
         else:
             partials = flags = dummy
         if self.device_desc:
-            return (a, b, None, out, scale, bias, found_inf, partials, flags, alpha) + self.tail
+            return (a, b, None, out, scale, bias, found_inf, *fp8, partials, flags, alpha) + self.tail
         da, db, do = self.descs
         out_desc = None if do is None else TensorDescriptor(out, *do)
         descs = (TensorDescriptor(a, *da), TensorDescriptor(b, *db), out_desc)
-        return descs + (out, scale, bias, found_inf, partials, flags, alpha) + self.tail
+        return descs + (out, scale, bias, found_inf, *fp8, partials, flags, alpha) + self.tail
 
-    def __call__(self, a, b, scale, alpha, bias, out, found_inf) -> None:
-        args = self.args(a, b, scale, alpha, bias, out, found_inf)
+    def __call__(self, a, b, scale, alpha, bias, out, found_inf, scale_a=None, scale_b=None, amax_out=None) -> None:
+        args = self.args(a, b, scale, alpha, bias, out, found_inf, scale_a, scale_b, amax_out)
         if self.device_desc:
             _ensure_allocator()
         runner = self.runner
@@ -364,10 +411,14 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, force: str | N
 
 def _launch(p: Problem, plan: Plan, cfg: Config) -> None:
     """One launch through ``JITFunction.run`` (explicit configs: tests, dev probes)."""
-    _Launcher(p, plan, cfg, direct=False)(p.a, p.b, p.scale, p.alpha, p.bias, p.out, p.found_inf)
+    _Launcher(p, plan, cfg, direct=False)(
+        p.a, p.b, p.scale, p.alpha, p.bias, p.out, p.found_inf, p.scale_a, p.scale_b, p.amax_out
+    )
 
 
-def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0, accumulate: bool = False) -> tuple[Config, ...]:
+def _candidates(
+    plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0, accumulate: bool = False, float8: bool = False
+) -> tuple[Config, ...]:
     if plan.kind == "tma":
         configs = HOPPER_TMA_CONFIGS
         sms = _num_programs(out.device)
@@ -376,17 +427,26 @@ def _candidates(plan: Plan, out: torch.Tensor, M: int = 0, N: int = 0, accumulat
             configs += HOPPER_FEW_TILES_CONFIGS
         if out.device.type == "cuda" and tiles % sms and tiles < 4 * sms:  # an idle tail worth sharing out
             configs += HOPPER_STREAM_K_CONFIGS + HOPPER_IDLE_TAIL_CONFIGS
+        operand_bytes = 2
+        if float8:
+            configs, operand_bytes = _float8_configs(configs), 1
         # Pointer stores are counted as an fp32 piece: an upper bound (see _shared_bytes).
         out_bytes = out.element_size() if plan.out_tma else 4
-        return tuple(c for c in configs if _shared_bytes(c, out_bytes, accumulate, plan.out_tma) <= HOPPER_SHARED_BYTES)
-    return POINTER_CONFIGS
+        return tuple(
+            c
+            for c in configs
+            if _shared_bytes(c, out_bytes, accumulate, plan.out_tma, operand_bytes) <= HOPPER_SHARED_BYTES
+        )
+    return _float8_configs(POINTER_CONFIGS) if float8 else POINTER_CONFIGS
 
 
 HOPPER_SHARED_BYTES = 227 * 1024  # per block, opted in
 _BARRIER_BYTES = 2048  # mbarriers and alignment: 24-1,048 B measured
 
 
-def _shared_bytes(cfg: Config, out_bytes: int, accumulate: bool = False, out_tma: bool = True) -> int:
+def _shared_bytes(
+    cfg: Config, out_bytes: int, accumulate: bool = False, out_tma: bool = True, operand_bytes: int = 2
+) -> int:
     """Shared memory of the TMA kernel: the operand ring, one piece of the output tile staged for the store, and
     with a flattened loop that accumulates through TMA a second piece for the previous output, which is loaded
     ahead like the operands. Within the barrier margin above what Triton 3.6 allocates for sm_90 on every
@@ -395,19 +455,21 @@ def _shared_bytes(cfg: Config, out_bytes: int, accumulate: bool = False, out_tma
     the H200 rejected it and two more flattened candidates with OutOfResources. For pointer stores it is an upper
     bound: Triton stages no piece there unless the loop is flattened (128x256x64 s4 split2: 196,640 B, against
     262,144 + margin)."""
-    ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2
+    ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * operand_bytes
     piece = cfg.block_m * (cfg.block_n // cfg.epilogue_split)
     loaded = piece * 4 if accumulate and cfg.flatten and out_tma else 0
     return ring + piece * out_bytes + loaded + _BARRIER_BYTES
 
 
-def _heuristic(plan: Plan, M: int, N: int, K: int, device: torch.device) -> Config:
+def _heuristic(plan: Plan, M: int, N: int, K: int, device: torch.device, float8: bool = False) -> Config:
     if device.type != "cuda":
         return INTERPRETER_CONFIG
     large = M * N * K >= TUNE_MIN_MACS
     if plan.kind == "tma":
-        return HOPPER_TMA_CONFIGS[0] if large else HOPPER_SMALL
-    return POINTER_CONFIGS[0] if large and _capability(device.index or 0)[0] >= 8 else POINTER_SMALL
+        cfg = HOPPER_TMA_CONFIGS[0] if large else HOPPER_SMALL
+    else:
+        cfg = POINTER_CONFIGS[0] if large and _capability(device.index or 0)[0] >= 8 else POINTER_SMALL
+    return _float8_configs((cfg,))[0] if float8 else cfg
 
 
 _MAX_CACHED = 4096  # signatures per cache: dynamic shapes would otherwise grow the caches without bound
@@ -419,10 +481,17 @@ TUNING_LOG: deque[dict] = deque(maxlen=256)
 def _tune(p: Problem, plan: Plan, key: tuple) -> Config:
     scratch_out = torch.zeros_like(p.out)
     scratch_flag = torch.zeros(1, dtype=torch.float32, device=p.out.device) if p.found_inf is not None else None
-    trial = Problem(p.a, p.b, p.scale, p.scale_mode, p.alpha, p.bias, scratch_out, p.accumulate, scratch_flag)
-    args = (trial.a, trial.b, trial.scale, trial.alpha, trial.bias, trial.out, trial.found_inf)
+    scratch_amax = torch.zeros(1, dtype=torch.float32, device=p.out.device) if p.amax_out is not None else None
+    trial = Problem(
+        p.a, p.b, p.scale, p.scale_mode, p.alpha, p.bias, scratch_out, p.accumulate, scratch_flag,
+        p.scale_a, p.scale_b, scratch_amax,
+    )  # fmt: skip
+    args = (
+        trial.a, trial.b, trial.scale, trial.alpha, trial.bias, trial.out, trial.found_inf,
+        trial.scale_a, trial.scale_b, trial.amax_out,
+    )  # fmt: skip
     launchers: dict[Config, _Launcher] = {}
-    for cfg in _candidates(plan, p.out, p.a.shape[0], p.b.shape[1], p.accumulate):
+    for cfg in _candidates(plan, p.out, p.a.shape[0], p.b.shape[1], p.accumulate, is_float8(p.a)):
         try:
             # Timed as calls will run: the compiled kernel launched directly. Through JITFunction.run each launch
             # cost ~100 us of host time, which the L2 flush between runs (~70 us) did not always hide: stream-K on
@@ -446,12 +515,14 @@ def choose_config(p: Problem, plan: Plan) -> Config:
     M, K = p.a.shape
     N = p.b.shape[1]
     device = p.out.device
+    float8 = is_float8(p.a)
     if not tuning_enabled() or device.type != "cuda" or M * N * K < TUNE_MIN_MACS:
-        return _heuristic(plan, M, N, K, device)
+        return _heuristic(plan, M, N, K, device, float8)
     key = (
         _device_name(device.index if device.index is not None else torch.cuda.current_device()),
         p.a.dtype,
         p.out.dtype,
+        *((p.b.dtype, _factor_mode(p.scale_a), _factor_mode(p.scale_b), p.amax_out is not None) if float8 else ()),
         plan,
         p.bias is not None,
         p.accumulate,
@@ -463,7 +534,7 @@ def choose_config(p: Problem, plan: Plan) -> Config:
     cfg = _TUNED.get(key)
     if cfg is None:
         if capturing():  # timing synchronizes, which a capture forbids: the next eager call tunes
-            return _heuristic(plan, M, N, K, device)
+            return _heuristic(plan, M, N, K, device, float8)
         with torch.cuda.device(device):  # do_bench times on the current device's stream
             cfg = _tune(p, plan, key)
         if len(_TUNED) >= _MAX_CACHED:
@@ -484,7 +555,7 @@ def clear_caches() -> None:
     _LAUNCHERS.clear()
 
 
-def _launcher_key(a, b, scale, scale_mode, bias, out, accumulate, found_inf) -> tuple:
+def _launcher_key(a, b, scale, scale_mode, bias, out, accumulate, found_inf, scale_a, scale_b, amax_out) -> tuple:
     # Alignment decides TMA eligibility (a, b, out) and Triton specializes every pointer on 16-byte alignment.
     aligned = (
         not a.data_ptr() & 15,
@@ -510,16 +581,30 @@ def _launcher_key(a, b, scale, scale_mode, bias, out, accumulate, found_inf) -> 
         accumulate,
         found_inf is None,
         aligned,
+        *(
+            ()
+            if scale_a is None and scale_b is None and amax_out is None
+            else (
+                _factor_mode(scale_a),
+                _factor_mode(scale_b),
+                scale_a is None or not scale_a.data_ptr() & 15,
+                scale_b is None or not scale_b.data_ptr() & 15,
+                None if amax_out is None else not amax_out.data_ptr() & 15,
+            )
+        ),
     )
 
 
-def launcher_for(a, b, scale, scale_mode, bias, out, accumulate, found_inf) -> _Launcher:
+def launcher_for(
+    a, b, scale, scale_mode, bias, out, accumulate, found_inf, scale_a=None, scale_b=None, amax_out=None
+) -> _Launcher:
     """The cached launcher of a problem with these arguments' metadata (same contract as :func:`scaled_mm_`, M, N
-    > 0); call it as ``launcher(a, b, scale, alpha, bias, out, found_inf)`` with tensors of the same metadata."""
-    key = _launcher_key(a, b, scale, scale_mode, bias, out, accumulate, found_inf)
+    > 0); call it as ``launcher(a, b, scale, alpha, bias, out, found_inf[, scale_a, scale_b, amax_out])`` with
+    tensors of the same metadata."""
+    key = _launcher_key(a, b, scale, scale_mode, bias, out, accumulate, found_inf, scale_a, scale_b, amax_out)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
-        p = Problem(a, b, scale, scale_mode, 1.0, bias, out, accumulate, found_inf)
+        p = Problem(a, b, scale, scale_mode, 1.0, bias, out, accumulate, found_inf, scale_a, scale_b, amax_out)
         plan = plan_for(a, b, out)
         launcher = _Launcher(p, plan, choose_config(p, plan), direct=True)
         if capturing():
@@ -541,15 +626,20 @@ def scaled_mm_(
     accumulate: bool,
     found_inf: torch.Tensor | None,
     *,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    amax_out: torch.Tensor | None = None,
     config: Config | None = None,
     force: str | None = None,
 ) -> None:
-    """``out (+)= alpha * scale * (a @ b) + bias`` on checked inputs (same contract as the WMMA op).
+    """``out (+)= alpha * scale * ((a @ b) * scale_a * scale_b) + bias`` on checked inputs (same contract as the
+    WMMA op), then ``amax_out = max(amax_out, max |out|)``.
 
-    a: [M, K], b: [K, N], fp16/bf16, any strides (TMA when aligned row/column-major); scale: float32 per
-    ``scale_mode`` (0 none, 1 one element, 2 [M], 3 [N]); bias: [N] fp32 or a's dtype; out: [M, N] with unit column
-    stride; found_inf: 1-element float32 or None. ``config``/``force`` ("pointer"): for tests and tuning (not
-    cached).
+    a: [M, K], b: [K, N], fp16/bf16, or float8 (e4m3fn/e5m2, not both e5m2), any strides (TMA when aligned
+    row/column-major; float8 is fast with a row-major and b column-major, "K-major", see the caller); scale: float32
+    per ``scale_mode`` (0 none, 1 one element, 2 [M], 3 [N]); scale_a / scale_b (float8 only): float32, contiguous,
+    one element or [M] / [N]; bias: [N] fp32 or a's dtype; out: [M, N] with unit column stride; found_inf, amax_out:
+    1-element float32 or None. ``config``/``force`` ("pointer"): for tests and tuning (not cached).
     """
     M, K = a.shape
     N = b.shape[1]
@@ -557,10 +647,10 @@ def scaled_mm_(
         return
     alpha = float(alpha)
     if config is None and force is None:
-        launcher_for(a, b, scale, scale_mode, bias, out, accumulate, found_inf)(
-            a, b, scale, alpha, bias, out, found_inf
+        launcher_for(a, b, scale, scale_mode, bias, out, accumulate, found_inf, scale_a, scale_b, amax_out)(
+            a, b, scale, alpha, bias, out, found_inf, scale_a, scale_b, amax_out
         )
         return
-    p = Problem(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+    p = Problem(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, scale_a, scale_b, amax_out)
     plan = plan_for(a, b, out, force)
     _launch(p, plan, config or choose_config(p, plan))

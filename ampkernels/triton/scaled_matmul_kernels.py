@@ -16,6 +16,11 @@ bias, accumulation into the old output (read as fp32), cast, and the non-finite 
 a tile writes 1.0 to ``found_inf`` only when it holds a non-finite value (all writers write the same value, so
 the race is benign; nothing is ever cleared).
 
+Float8 operands (e4m3fn / e5m2) run in the same kernels: fp8 ``tl.dot`` with its partial sums added into the fp32
+accumulator every BLOCK_K (``MAX_IMPRECISE``), the dequantization factors ``scale_a`` (per tensor or row) and
+``scale_b`` (per tensor or column) applied first in the epilogue (``SCALE_A``/``SCALE_B``, compiled out for 16-bit
+operands), and the output's amax recorded last (``CHECK_AMAX``: an integer atomic max on the float bits).
+
 """
 
 from __future__ import annotations
@@ -58,6 +63,33 @@ def _scaled_values(acc, offs_m, offs_n, M, N, alpha, scale_ptr, scale_mode, bias
 
 
 @triton.jit
+def _dequantized(acc, offs_m, offs_n, M, N, scale_a_ptr, scale_b_ptr, SCALE_A: tl.constexpr, SCALE_B: tl.constexpr):
+    """``acc * scale_a * scale_b`` in that order (the reference's two roundings): each factor one element (mode 1),
+    per row of a / per column of b (mode 2), or absent (0, compiled out: the 16-bit kernels)."""
+    if SCALE_A == 1:
+        acc = acc * tl.load(scale_a_ptr)
+    elif SCALE_A == 2:
+        acc = acc * tl.load(scale_a_ptr + offs_m, mask=offs_m < M, other=1.0)[:, None]
+    if SCALE_B == 1:
+        acc = acc * tl.load(scale_b_ptr)
+    elif SCALE_B == 2:
+        acc = acc * tl.load(scale_b_ptr + offs_n, mask=offs_n < N, other=1.0)[None, :]
+    return acc
+
+
+@triton.jit
+def _record_amax(stored, offs_m, offs_n, M, N, amax_bits_ptr):
+    """``amax = max(amax, max |stored|)`` by an integer atomic max on the float32 bits (``amax_bits_ptr``: the
+    float32 amax viewed as int32). The bits of non-negative floats order like their values, and a NaN's (sign
+    cleared by the abs: 0x7fc00000 and up) sort above inf's (0x7f800000), so a NaN wins, as with ``torch.maximum``.
+    A negative old value (int32 below zero) loses to any magnitude, as it should; only a NaN with its sign bit set
+    in ``amax_out`` beforehand would be overwritten."""
+    bits = tl.abs(stored.to(tl.float32)).to(tl.int32, bitcast=True)
+    bits = tl.where((offs_m[:, None] < M) & (offs_n[None, :] < N), bits, 0)
+    tl.atomic_max(amax_bits_ptr, tl.max(bits))
+
+
+@triton.jit
 def _flag_non_finite(stored, offs_m, offs_n, M, N, found_inf_ptr):
     """found_inf = 1.0 when an in-bounds stored value is inf or NaN (|x| <= MAX is false for both)."""
     finite = tl.abs(stored.to(tl.float32)) <= _FLT_MAX
@@ -81,15 +113,22 @@ def _epilogue_tma(
     out_ptr,
     stride_om,
     found_inf_ptr,
+    scale_a_ptr,
+    scale_b_ptr,
+    amax_ptr,
     HAS_BIAS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     CHECK_FINITE: tl.constexpr,
+    SCALE_A: tl.constexpr,
+    SCALE_B: tl.constexpr,
+    CHECK_AMAX: tl.constexpr,
     OUT_TMA: tl.constexpr,
     SUB_M: tl.constexpr,
     SUB_N: tl.constexpr,
 ):
     offs_m = off_m + tl.arange(0, SUB_M)
     offs_n = off_n + tl.arange(0, SUB_N)
+    acc = _dequantized(acc, offs_m, offs_n, M, N, scale_a_ptr, scale_b_ptr, SCALE_A, SCALE_B)
     v = _scaled_values(acc, offs_m, offs_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, HAS_BIAS)
     if OUT_TMA:
         if ACCUMULATE:
@@ -105,12 +144,14 @@ def _epilogue_tma(
         tl.store(ptrs, stored, mask=mask)
     if CHECK_FINITE:
         _flag_non_finite(stored, offs_m, offs_n, M, N, found_inf_ptr)
+    if CHECK_AMAX:
+        _record_amax(stored, offs_m, offs_n, M, N, amax_ptr)
 
 
 @triton.jit
 def _tile_product(
     a_desc, b_desc, off_m, off_n, k_begin, k_end,
-    A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr, UPCAST: tl.constexpr,
+    A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr, UPCAST: tl.constexpr, MAX_IMPRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """fp32 sum over k-tiles [k_begin, k_end) of one output tile's products, through TMA descriptors."""
@@ -125,10 +166,10 @@ def _tile_product(
             b = b_desc.load([off_n, off_k]).T
         else:
             b = b_desc.load([off_k, off_n])
-        if UPCAST:  # the interpreter's bf16 dot is wrong; fp32 products of 16-bit inputs are exact
+        if UPCAST:  # the interpreter's bf16 dot is wrong; fp32 products of 16-bit and fp8 inputs are exact
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
     return acc
 
 
@@ -141,24 +182,28 @@ def _halves_along_n(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 @triton.jit
 def _store_halves(
     acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
-    found_inf_ptr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CHECK_FINITE: tl.constexpr,
+    found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+    CHECK_FINITE: tl.constexpr, SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, CHECK_AMAX: tl.constexpr,
     OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """The epilogue of a finished tile given as its two halves along N."""
     _epilogue_tma(
         acc_left, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
-        found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+        found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
+        SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N // 2,
     )  # fmt: skip
     _epilogue_tma(
         acc_right, off_m, off_n + BLOCK_N // 2, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
-        stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+        stride_om, found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
+        SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N // 2,
     )  # fmt: skip
 
 
 @triton.jit
 def _store_tile(
     acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om, found_inf_ptr,
-    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CHECK_FINITE: tl.constexpr, OUT_TMA: tl.constexpr,
+    scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CHECK_FINITE: tl.constexpr,
+    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, CHECK_AMAX: tl.constexpr, OUT_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
 ):  # fmt: skip
     """The epilogue of one finished tile, in one piece or in two halves along N."""
@@ -166,12 +211,14 @@ def _store_tile(
         acc_left, acc_right = _halves_along_n(acc, BLOCK_M, BLOCK_N)
         _store_halves(
             acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
-            stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N,
+            stride_om, found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
+            SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N,
         )  # fmt: skip
     else:
         _epilogue_tma(
             acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
-            found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N,
+            found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
+            SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N,
         )  # fmt: skip
 
 
@@ -206,6 +253,9 @@ def _scaled_mm_tma_kernel(
     scale_ptr,
     bias_ptr,
     found_inf_ptr,
+    scale_a_ptr,
+    scale_b_ptr,
+    amax_ptr,
     partials_ptr,
     flags_ptr,
     alpha,
@@ -222,8 +272,12 @@ def _scaled_mm_tma_kernel(
     HAS_BIAS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     CHECK_FINITE: tl.constexpr,
+    SCALE_A: tl.constexpr,
+    SCALE_B: tl.constexpr,
+    CHECK_AMAX: tl.constexpr,
     OUT_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
+    MAX_IMPRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -300,7 +354,7 @@ def _scaled_mm_tma_kernel(
             off_n = pid_n * BLOCK_N
             acc = _tile_product(
                 a_desc, b_desc, off_m, off_n, lo - tile_begin, hi - tile_begin,
-                A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+                A_COL_MAJOR, B_COL_MAJOR, UPCAST, MAX_IMPRECISE, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
             if hi == tile_begin + k_tiles:
                 first = _program_of_iteration(tile_begin, per, extra)  # == member when it holds it all
@@ -317,8 +371,8 @@ def _scaled_mm_tma_kernel(
                     )  # fmt: skip
                     _store_halves(
                         acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr,
-                        out_desc, out_ptr, stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA,
-                        BLOCK_M, BLOCK_N,
+                        out_desc, out_ptr, stride_om, found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS,
+                        ACCUMULATE, CHECK_FINITE, SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N,
                     )  # fmt: skip
                 else:
                     acc = _add_partials(
@@ -327,7 +381,8 @@ def _scaled_mm_tma_kernel(
                     )  # fmt: skip
                     _store_tile(
                         acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
-                        stride_om, found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, 1,
+                        stride_om, found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE,
+                        CHECK_FINITE, SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N, 1,
                     )  # fmt: skip
             else:  # the range ends inside this tile: hand the partial sum to the program that finishes it
                 mine = partials_ptr + pid * (BLOCK_M * BLOCK_N) + tile_offsets
@@ -340,11 +395,13 @@ def _scaled_mm_tma_kernel(
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = _tile_product(
-            a_desc, b_desc, off_m, off_n, 0, k_tiles, A_COL_MAJOR, B_COL_MAJOR, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+            a_desc, b_desc, off_m, off_n, 0, k_tiles, A_COL_MAJOR, B_COL_MAJOR, UPCAST, MAX_IMPRECISE, BLOCK_M, BLOCK_N,
+            BLOCK_K,
         )  # fmt: skip
         _store_tile(
             acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
-            found_inf_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
+            found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
+            SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
         )  # fmt: skip
 
 
@@ -356,6 +413,9 @@ def _scaled_mm_ptr_kernel(
     scale_ptr,
     bias_ptr,
     found_inf_ptr,
+    scale_a_ptr,
+    scale_b_ptr,
+    amax_ptr,
     alpha,
     M,
     N,
@@ -369,7 +429,11 @@ def _scaled_mm_ptr_kernel(
     HAS_BIAS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     CHECK_FINITE: tl.constexpr,
+    SCALE_A: tl.constexpr,
+    SCALE_B: tl.constexpr,
+    CHECK_AMAX: tl.constexpr,
     UPCAST: tl.constexpr,
+    MAX_IMPRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -399,9 +463,10 @@ def _scaled_mm_ptr_kernel(
             if UPCAST:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
+        acc = _dequantized(acc, offs_m, offs_n, M, N, scale_a_ptr, scale_b_ptr, SCALE_A, SCALE_B)
         v = _scaled_values(acc, offs_m, offs_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, HAS_BIAS)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
@@ -411,3 +476,5 @@ def _scaled_mm_ptr_kernel(
         tl.store(out_ptrs, stored, mask=mask)
         if CHECK_FINITE:
             _flag_non_finite(stored, offs_m, offs_n, M, N, found_inf_ptr)
+        if CHECK_AMAX:
+            _record_amax(stored, offs_m, offs_n, M, N, amax_ptr)
