@@ -11,6 +11,9 @@ Ops and their backends (``BACKENDS[op]``, in order of preference):
 * ``scaled_matmul``: ``auto`` (Hopper: Triton or wgmma per problem, the faster as timed on first use), ``triton``,
   ``wgmma`` (the native sm_90a kernel), ``wmma`` (the native sm_75+ kernel), ``torch`` (the reference). On CPU
   tensors the default is ``torch``.
+* ``to_float8`` (the FP8 casts of :mod:`ampkernels.float8`): ``triton`` (CUDA tensors; CPU tensors under
+  ``TRITON_INTERPRET=1`` when asked for), ``torch`` (the reference, the default on CPU tensors). There is no native
+  kernel: ``AMPKERNELS_BACKEND=native`` leaves the casts on their default.
 
 A missing piece never breaks ``import ampkernels``: it only removes a backend, and asking for that backend by name
 raises with the reason (:func:`why_not`). The choice (:func:`select`): the backend passed by the caller, else the
@@ -23,6 +26,7 @@ Environment variables read by ampkernels (``python -m ampkernels.info`` prints t
 * ``AMPKERNELS_SCALER_BACKEND`` = native|triton|torch: unscale_reduce_ and update_scale_ (FusedGradScaler, ops).
 * ``AMPKERNELS_OPTIMIZER_BACKEND`` = native|triton|torch: FusedAdam/FusedAdamW/FusedSGD.
 * ``AMPKERNELS_SCALED_MATMUL_BACKEND`` = auto|triton|wgmma|wmma|torch: scaled_matmul and ScaledLinear.
+* ``AMPKERNELS_FLOAT8_BACKEND`` = triton|torch: the FP8 casts (to_float8, to_float8_pair).
 * ``AMPKERNELS_TUNE`` = 1 (default) | 0: 0 turns off timing (Triton's matmul config tuning and ``auto``'s choice
   between Triton and wgmma); fixed rules decide instead.
 * ``AMPKERNELS_SCALED_MATMUL_TMA_DESC`` = device (default) | host: where the Triton matmul builds its TMA
@@ -55,12 +59,14 @@ SCALER_OPS = ("unscale_reduce_", "update_scale_")
 OPTIMIZER_OPS = ("adam", "sgd", "adam_blockwise")
 _MULTI_TENSOR_BACKENDS = ("native", "triton", "torch")
 MATMUL_BACKENDS = ("auto", "triton", "wgmma", "wmma", "torch")
+FLOAT8_BACKENDS = ("triton", "torch")
 #: The backends "auto" chooses between, per problem.
 AUTO_CANDIDATES = ("triton", "wgmma")
 
 BACKENDS: dict[str, tuple[str, ...]] = {
     **{op: _MULTI_TENSOR_BACKENDS for op in SCALER_OPS + OPTIMIZER_OPS},
     "scaled_matmul": MATMUL_BACKENDS,
+    "to_float8": FLOAT8_BACKENDS,
 }
 
 GLOBAL_VARIABLE = "AMPKERNELS_BACKEND"
@@ -69,6 +75,7 @@ VARIABLES: dict[str, str] = {
     **{op: "AMPKERNELS_SCALER_BACKEND" for op in SCALER_OPS},
     **{op: "AMPKERNELS_OPTIMIZER_BACKEND" for op in OPTIMIZER_OPS},
     "scaled_matmul": "AMPKERNELS_SCALED_MATMUL_BACKEND",
+    "to_float8": "AMPKERNELS_FLOAT8_BACKEND",
 }
 
 #: Every environment variable ampkernels reads at run time (the docstring above says what each does).
@@ -77,6 +84,7 @@ ENVIRONMENT = (
     "AMPKERNELS_SCALER_BACKEND",
     "AMPKERNELS_OPTIMIZER_BACKEND",
     "AMPKERNELS_SCALED_MATMUL_BACKEND",
+    "AMPKERNELS_FLOAT8_BACKEND",
     "AMPKERNELS_TUNE",
     "AMPKERNELS_SCALED_MATMUL_TMA_DESC",
     "AMPKERNELS_TRITON_DIRECT_LAUNCH",
@@ -91,6 +99,7 @@ _TRITON_MODULES = {
     "sgd": "ampkernels.triton.optimizers",
     "adam_blockwise": "ampkernels.triton.blockwise",
     "scaled_matmul": "ampkernels.triton.scaled_matmul",
+    "to_float8": "ampkernels.triton.float8_casts",
 }
 
 
@@ -287,6 +296,8 @@ def _default(op: str, device: torch.device) -> str:
         if len(auto_candidates(device)) > 1:
             return "auto"
         order = ("triton", "wgmma", "wmma", "torch")
+    elif op == "to_float8":
+        order = ("triton", "torch") if device.type == "cuda" else ("torch",)
     elif op == "adam_blockwise" and device.type == "cuda":
         # NOTE (H200, 1.1B params): Triton's blockwise step runs 8-bit moments in 5.4 ms and bfloat16 + stochastic
         # rounding in 4.1 ms, the CUDA kernel in 12.0 and 7.5 ms (dev/optimizers/NOTES.md).
@@ -301,7 +312,7 @@ def select(op: str, device: torch.device | str, requested_backend: str | None = 
     run), else the op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs."""
     device = torch.device(device)
     name, source = requested(op, requested_backend)
-    if name is None:
+    if name is None or (op == "to_float8" and name == "native" and source == GLOBAL_VARIABLE):
         return _default(op, device)
     if op == "scaled_matmul" and name == "native":  # AMPKERNELS_BACKEND=native: the native kernel that runs here
         reasons = {k: why_not(op, k, device) for k in ("wgmma", "wmma")}

@@ -20,6 +20,7 @@ _OP_NAMES = {
     "sgd": "sgd (FusedSGD)",
     "adam_blockwise": "adam_blockwise (FusedAdam with low-bit moments or stochastic rounding)",
     "scaled_matmul": "scaled_matmul (and ScaledLinear)",
+    "to_float8": "to_float8 (FP8 casts: to_float8, to_float8_pair)",
 }
 
 

@@ -633,7 +633,7 @@ def float8_scale(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0) -> tor
     amax = amax.float()
     scale = float8_max(dtype) / torch.clamp(amax, min=FLOAT8_AMAX_FLOOR)
     if margin:
-        scale = scale * (2.0 ** -margin)
+        scale = scale * (2.0**-margin)
     return torch.where(torch.isfinite(amax), scale, torch.ones_like(scale))
 
 

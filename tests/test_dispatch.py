@@ -30,11 +30,13 @@ def test_every_op_has_its_backends_and_one_variable():
         "sgd",
         "adam_blockwise",
         "scaled_matmul",
+        "to_float8",
     }
     assert set(dispatch.BACKENDS) == set(dispatch.VARIABLES)
     for op in MULTI_TENSOR_OPS:
         assert dispatch.BACKENDS[op] == ("native", "triton", "torch")
     assert dispatch.BACKENDS["scaled_matmul"] == ("auto", "triton", "wgmma", "wmma", "torch")
+    assert dispatch.BACKENDS["to_float8"] == ("triton", "torch")
 
 
 @pytest.mark.parametrize("op", list(dispatch.BACKENDS))
