@@ -504,3 +504,22 @@ def test_software_rounding_equals_the_hardware_on_gpu(monkeypatch, path, dtype):
     for a, b in zip(hardware, software):
         assert_same(a, b)
     _check(path, x, dtype)
+
+
+def test_benchmark_helper_runs_on_the_cpu():
+    from benchmarks.common import RunContext
+    from benchmarks.float8_casts import VARIANTS, report_casts, run_casts
+
+    ctx = RunContext(
+        device=torch.device("cpu"),
+        sets=[],
+        shrink=1,
+        repeats=1,
+        target_loop_s=0.001,
+        copy_bandwidth_gbs=10.0,
+        progress=None,
+    )
+    rows = run_casts(ctx)
+    assert [row["variant"] for row in rows] == list(VARIANTS)
+    assert all(row["ms"] > 0 and row["bytes"] == 256 * 256 * (4 if row["variant"] == "pair" else 3) for row in rows)
+    assert "vs torch" in report_casts(rows)

@@ -33,8 +33,10 @@ from ampkernels.triton.float8_casts_kernels import (
     _cast_tiles_kernel,
 )
 
-#: None: the integer rounding of ``_encode`` under the interpreter only (its own float8 conversion is wrong), the
-#: hardware ``cvt.rn.satfinite`` on a GPU. True forces the integer rounding (the GPU tests check both).
+#: None: the hardware's ``cvt.rn.satfinite`` on Hopper and newer, the integer rounding of ``_encode`` elsewhere:
+#: under the interpreter (whose float8 conversion is wrong) and before sm_90 (no fp8 cvt before sm_89; Triton's
+#: fp32 -> e4m3 on sm_89 has gone through fp16, a double rounding: triton-lang/triton#11753). True forces the
+#: integer rounding (the GPU tests check it against the hardware).
 SOFTWARE_ROUNDING: bool | None = None
 
 # NOTE: a flat pass moves BLOCK elements per program and iteration (16 per thread at 8 warps: 32-byte bf16 loads,
@@ -56,7 +58,9 @@ FINISH_BLOCK = 1024
 
 
 def _software(device: torch.device) -> bool:
-    return dispatch.triton_interpreting() if SOFTWARE_ROUNDING is None else SOFTWARE_ROUNDING
+    if SOFTWARE_ROUNDING is not None:
+        return SOFTWARE_ROUNDING
+    return dispatch.triton_interpreting() or torch.cuda.get_device_capability(device) < (9, 0)
 
 
 def _flat_programs(n: int, block: int, device: torch.device) -> int:

@@ -111,8 +111,10 @@ def _finish_tensor(
 
 @triton.jit
 def _last_program(ticket):
-    """Whether this program is the last of the launch to get here (its atomics before it are then all done)."""
-    return tl.atomic_add(ticket, 1) == tl.num_programs(0) - 1
+    """Whether this program is the last of the launch to get here (every program's atomics before it are then done:
+    the barrier orders this program's threads' atomics before the ticket's acq_rel add)."""
+    tl.debug_barrier()
+    return tl.atomic_add(ticket, 1, sem="acq_rel") == tl.num_programs(0) - 1
 
 
 @triton.jit
@@ -382,7 +384,11 @@ def _cast_tiles_kernel(
     if WRITE_DATA:
         tl.store(out_ptr + offs_m[:, None] * K + offs_k[None, :], codes, mask=mask)
     if WRITE_T:
-        tl.store(out_t_ptr + offs_k[:, None].to(tl.int64) * M + offs_m[None, :], tl.trans(codes), mask=tl.trans(mask))
+        tl.store(
+            out_t_ptr + offs_k[:, None].to(tl.int64) * M + offs_m[None, :],
+            tl.trans(codes),
+            mask=mask_k[:, None] & mask_m[None, :],
+        )
     if (not CURRENT) and (HAS_AMAX_OUT or HAS_FOUND_INF):
         a, b = _finite_abs(x)
         if PER_COLUMN:
