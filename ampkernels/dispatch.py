@@ -17,6 +17,9 @@ Ops and their backends (``BACKENDS[op]``, in order of preference):
   ``scaled_matmul_fp8_wgmma_``, in builds with sm_90a that have it), ``cublas`` (``torch._scaled_mm``, the rest of
   the epilogue in torch ops after it; on CPU tensors torch's CPU kernel), ``torch`` (the reference). On CPU tensors
   the default is ``torch``.
+* ``to_float8`` (the FP8 casts of :mod:`ampkernels.float8`): ``triton`` (CUDA tensors; CPU tensors under
+  ``TRITON_INTERPRET=1`` when asked for), ``torch`` (the reference, the default on CPU tensors). There is no native
+  kernel: ``AMPKERNELS_BACKEND=native`` leaves the casts on their default.
 
 A missing piece never breaks ``import ampkernels``: it only removes a backend, and asking for that backend by name
 raises with the reason (:func:`why_not`). The choice (:func:`select`): the backend passed by the caller, else the
@@ -31,6 +34,7 @@ Environment variables read by ampkernels (``python -m ampkernels.info`` prints t
 * ``AMPKERNELS_OPTIMIZER_BACKEND`` = native|triton|torch: FusedAdam/FusedAdamW/FusedSGD.
 * ``AMPKERNELS_SCALED_MATMUL_BACKEND`` = auto|triton|wgmma|wmma|torch: scaled_matmul and ScaledLinear.
 * ``AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND`` = auto|triton|wgmma|cublas|torch: scaled_matmul on float8 operands.
+* ``AMPKERNELS_FLOAT8_BACKEND`` = triton|torch: the FP8 casts (to_float8, to_float8_pair).
 * ``AMPKERNELS_TUNE`` = 1 (default) | 0: 0 turns off timing (Triton's matmul config tuning and ``auto``'s choice
   between Triton and wgmma); fixed rules decide instead.
 * ``AMPKERNELS_SCALED_MATMUL_TMA_DESC`` = device (default) | host: where the Triton matmul builds its TMA
@@ -66,6 +70,7 @@ _MULTI_TENSOR_BACKENDS = ("native", "triton", "torch")
 MATMUL_BACKENDS = ("auto", "triton", "wgmma", "wmma", "cublas", "torch")
 FLOAT8_MATMUL_BACKENDS = ("auto", "triton", "wgmma", "cublas", "torch")
 #: The backends "auto" chooses between, per problem (per op).
+FLOAT8_BACKENDS = ("triton", "torch")
 AUTO_CANDIDATES = ("triton", "wgmma")
 FLOAT8_AUTO_CANDIDATES = ("triton", "wgmma", "cublas")
 _AUTO_CANDIDATES = {"scaled_matmul": AUTO_CANDIDATES, "scaled_matmul_float8": FLOAT8_AUTO_CANDIDATES}
@@ -74,6 +79,7 @@ BACKENDS: dict[str, tuple[str, ...]] = {
     **{op: _MULTI_TENSOR_BACKENDS for op in SCALER_OPS + OPTIMIZER_OPS},
     "scaled_matmul": MATMUL_BACKENDS,
     "scaled_matmul_float8": FLOAT8_MATMUL_BACKENDS,
+    "to_float8": FLOAT8_BACKENDS,
 }
 
 GLOBAL_VARIABLE = "AMPKERNELS_BACKEND"
@@ -83,6 +89,7 @@ VARIABLES: dict[str, str] = {
     **{op: "AMPKERNELS_OPTIMIZER_BACKEND" for op in OPTIMIZER_OPS},
     "scaled_matmul": "AMPKERNELS_SCALED_MATMUL_BACKEND",
     "scaled_matmul_float8": "AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND",
+    "to_float8": "AMPKERNELS_FLOAT8_BACKEND",
 }
 
 #: Every environment variable ampkernels reads at run time (the docstring above says what each does).
@@ -92,6 +99,7 @@ ENVIRONMENT = (
     "AMPKERNELS_OPTIMIZER_BACKEND",
     "AMPKERNELS_SCALED_MATMUL_BACKEND",
     "AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND",
+    "AMPKERNELS_FLOAT8_BACKEND",
     "AMPKERNELS_TUNE",
     "AMPKERNELS_SCALED_MATMUL_TMA_DESC",
     "AMPKERNELS_TRITON_DIRECT_LAUNCH",
@@ -107,6 +115,7 @@ _TRITON_MODULES = {
     "adam_blockwise": "ampkernels.triton.blockwise",
     "scaled_matmul": "ampkernels.triton.scaled_matmul",
     "scaled_matmul_float8": "ampkernels.triton.scaled_matmul",
+    "to_float8": "ampkernels.triton.float8_casts",
 }
 
 
@@ -348,6 +357,9 @@ def _default(op: str, device: torch.device) -> str:
         order = (
             ("triton", "wgmma", "wmma", "torch") if op == "scaled_matmul" else ("triton", "wgmma", "cublas", "torch")
         )
+        order = ("triton", "wgmma", "wmma", "torch")
+    elif op == "to_float8":
+        order = ("triton", "torch") if device.type == "cuda" else ("torch",)
     elif op == "adam_blockwise" and device.type == "cuda":
         # NOTE (H200, 1.1B params): Triton's blockwise step runs 8-bit moments in 5.4 ms and bfloat16 + stochastic
         # rounding in 4.1 ms, the CUDA kernel in 12.0 and 7.5 ms (dev/optimizers/NOTES.md).
@@ -362,7 +374,7 @@ def select(op: str, device: torch.device | str, requested_backend: str | None = 
     run), else the op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs."""
     device = torch.device(device)
     name, source = requested(op, requested_backend)
-    if name is None:
+    if name is None or (op == "to_float8" and name == "native" and source == GLOBAL_VARIABLE):
         return _default(op, device)
     if op in ("scaled_matmul", "scaled_matmul_float8") and name == "native":
         # AMPKERNELS_BACKEND=native: the native kernel that runs here

@@ -31,12 +31,14 @@ def test_every_op_has_its_backends_and_one_variable():
         "adam_blockwise",
         "scaled_matmul",
         "scaled_matmul_float8",
+        "to_float8",
     }
     assert set(dispatch.BACKENDS) == set(dispatch.VARIABLES)
     for op in MULTI_TENSOR_OPS:
         assert dispatch.BACKENDS[op] == ("native", "triton", "torch")
     assert dispatch.BACKENDS["scaled_matmul"] == ("auto", "triton", "wgmma", "wmma", "cublas", "torch")
     assert dispatch.BACKENDS["scaled_matmul_float8"] == ("auto", "triton", "wgmma", "cublas", "torch")
+    assert dispatch.BACKENDS["to_float8"] == ("triton", "torch")
 
 
 @pytest.mark.parametrize("op", list(dispatch.BACKENDS))

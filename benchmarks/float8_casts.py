@@ -1,0 +1,118 @@
+"""The FP8 casts against plain torch (called by ``benchmarks/bench_float8.py``): :func:`run_casts` times every path
+of ``ampkernels.float8.to_float8`` / ``to_float8_pair`` and the amax + scale + cast a user writes in torch, on one
+bf16 tensor per shape; :func:`report_casts` prints the table.
+
+Bytes counted per row: the one-pass floor of what the op must move, x read once (2 B/element in bf16) plus the fp8
+data written (1 B/element; 2 for the pair, which writes both layouts). GB/s = those bytes / time; "x floor" = time /
+(bytes at the copy bandwidth measured in the same run). Current scaling reads x twice (amax pass, cast pass), so its
+floor ratio is at least 5/3 when nothing stays in L2; the cast pass reads the amax pass's tail from L2 first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from benchmarks.common import CPU_CACHE_NOTE, format_table, free_device_memory, time_interleaved
+
+GPU_SHAPES = ((8192, 8192), (16384, 2048), (16384, 8192))
+CPU_SHAPES = ((256, 256),)
+FP8 = torch.float8_e4m3fn
+STOCK = "torch"
+
+VARIANTS = {
+    STOCK: "plain torch: amax, 448 / amax, (x * scale).clamp().to(fp8)",
+    "tensor": "to_float8 tensorwise, current",
+    "delayed": "to_float8 tensorwise, delayed (scale given, amax recorded)",
+    "row": "to_float8 rowwise, current",
+    "transpose": "to_float8 tensorwise + transpose, current",
+    "pair": "to_float8_pair (both layouts), current",
+}
+
+
+def _stock(x: torch.Tensor) -> torch.Tensor:
+    amax = x.abs().max()
+    scale = 448.0 / amax.float()
+    return (x.float() * scale).clamp(-448.0, 448.0).to(FP8)
+
+
+def _variants(x: torch.Tensor) -> dict[str, Any]:
+    from ampkernels.float8 import to_float8, to_float8_pair
+
+    scale = torch.full((), 448.0, device=x.device) / x.abs().amax().float()
+    amax_out = torch.zeros((), device=x.device)
+    found_inf = torch.zeros(1, device=x.device)
+    return {
+        STOCK: lambda: _stock(x),
+        "tensor": lambda: to_float8(x),
+        "delayed": lambda: to_float8(x, scale=scale, amax_out=amax_out, found_inf=found_inf),
+        "row": lambda: to_float8(x, granularity="row"),
+        "transpose": lambda: to_float8(x, transpose=True),
+        "pair": lambda: to_float8_pair(x),
+    }
+
+
+def _floor_bytes(variant: str, numel: int) -> int:
+    return numel * (2 + (2 if variant == "pair" else 1))
+
+
+def run_casts(ctx) -> list[dict[str, Any]]:
+    """One row per (shape, variant): ms (device time on a GPU, wall on the CPU), bytes, GB/s, % of copy, x floor,
+    speedup over plain torch."""
+    from ampkernels import dispatch
+
+    backend = dispatch.select("to_float8", ctx.device)
+    rows: list[dict[str, Any]] = []
+    shapes = CPU_SHAPES if ctx.cpu_small else GPU_SHAPES
+    for M, K in shapes:
+        x = torch.randn(M, K, device=ctx.device).mul_(3.0).to(torch.bfloat16)
+        timings = time_interleaved(_variants(x), ctx.device, ctx.repeats, ctx.target_loop_s)
+        ms = {key: t.median_device_ms or t.median_wall_ms for key, t in timings.items()}
+        for variant, t in timings.items():
+            moved = _floor_bytes(variant, x.numel())
+            gbs = moved / (ms[variant] * 1e-3) / 1e9
+            floor_ms = moved / (ctx.copy_bandwidth_gbs * 1e9) * 1e3
+            rows.append(
+                {
+                    "shape": f"{M}x{K}",
+                    "variant": variant,
+                    "label": VARIANTS[variant],
+                    "iterations": t.iterations,
+                    "ms": ms[variant],
+                    "wall_ms": t.median_wall_ms,
+                    "device_ms": t.median_device_ms,
+                    "bytes": moved,
+                    "gbs": gbs,
+                    "pct_of_copy": 100.0 * gbs / ctx.copy_bandwidth_gbs,
+                    "x_floor": ms[variant] / floor_ms,
+                    "speedup_over_torch": ms[STOCK] / ms[variant],
+                    "on_gpu": not ctx.cpu_small,
+                    "backend": STOCK if variant == STOCK else backend,
+                }
+            )
+        del x, timings
+        free_device_memory(ctx.device)
+    return rows
+
+
+def report_casts(rows: list[dict[str, Any]]) -> str:
+    """The casts table (no % of copy or x floor on the CPU: CPU_CACHE_NOTE)."""
+    on_gpu = bool(rows) and rows[0]["on_gpu"]
+    headers = ["shape", "cast", "ms", "MB moved", "GB/s"] + (["% copy", "x floor"] if on_gpu else []) + ["vs torch"]
+    table = []
+    for row in rows:
+        cells = [row["shape"], row["label"], f"{row['ms']:.4f}", f"{row['bytes'] / 1e6:.1f}", f"{row['gbs']:.0f}"]
+        if on_gpu:
+            cells += [f"{row['pct_of_copy']:.0f}%", f"{row['x_floor']:.2f}"]
+        table.append([*cells, f"{row['speedup_over_torch']:.2f}x"])
+    notes = [
+        "bytes moved: x read once (bf16, 2 B/element) + the fp8 data written (1 B/element, 2 for the pair)",
+        "x floor: time / (those bytes at the copy bandwidth); current scaling reads x twice (>= 1.67x from HBM)",
+    ]
+    if rows:
+        notes.append(f"ampkernels backend: {rows[-1]['backend']}")
+    if not on_gpu:
+        notes.append(CPU_CACHE_NOTE)
+    align = "ll" + "r" * (len(headers) - 2)
+    return "\n".join([format_table(headers, table, align), *[f"note: {n}" for n in notes]])
