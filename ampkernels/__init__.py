@@ -4,7 +4,7 @@
 ``python -m ampkernels.info`` says which backend each op uses and why.
 """
 
-from ampkernels import _native_fakes, ops, reference  # noqa: F401  (_native_fakes registers on import)
+from ampkernels import _native_fakes, float8, ops, reference  # noqa: F401  (_native_fakes registers on import)
 from ampkernels.cuda_graph import CapturedStep, capture_step
 from ampkernels.grad_scaler import FusedGradScaler
 from ampkernels.optimizers import FusedAdam, FusedAdamW, FusedSGD
@@ -25,4 +25,5 @@ __all__ = [
     "scaled_matmul",
     "__version__",
     "capture_step",
+    "float8",
 ]

@@ -1,5 +1,9 @@
-"""FP8 training pieces: the fused casts (:mod:`ampkernels.float8.casts`)."""
+"""FP8 training on the Tensor Cores, fast in eager mode: fused casts (:func:`to_float8`, :func:`to_float8_pair`),
+FP8 operands in :func:`ampkernels.scaled_matmul`, and :class:`Float8Linear` with :func:`convert_to_float8`.
+See docs/float8.md."""
 
 from ampkernels.float8.casts import to_float8, to_float8_pair
+from ampkernels.float8.convert import convert_to_float8
+from ampkernels.float8.linear import Float8DelayedScaling, Float8Linear, Float8Recipe
 
-__all__ = ["to_float8", "to_float8_pair"]
+__all__ = ["Float8DelayedScaling", "Float8Linear", "Float8Recipe", "convert_to_float8", "to_float8", "to_float8_pair"]

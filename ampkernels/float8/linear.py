@@ -1,0 +1,317 @@
+"""FP8 training of ``nn.Linear`` layers: :class:`Float8Linear` and its three recipes.
+
+For ``y = x @ w.T (+ bias)`` every recipe runs the three products of a training step in FP8 on the Tensor Cores,
+with the fp32 accumulation, the dequantization scales and the bias in the GEMM's epilogue
+(:func:`ampkernels.scaled_matmul`)::
+
+    forward   y      = x8 @ w8.T        x, w in the forward dtype (e4m3)
+    backward  grad_x = g8 @ w8          g in the backward dtype (e5m2 for the tensorwise recipes)
+              grad_w = g8.T @ x8
+
+The weight and the optimizer stay in their own precision; only the operands of the three products are cast, each
+by one fused kernel (:mod:`ampkernels.float8.casts`) that writes the layouts the products read (a row-major, b
+column-major), so that nothing is transposed or copied on the way. What is saved for the backward is the FP8 copy of
+x in the layout the weight gradient reads: half the bytes of a bf16 ``nn.Linear``'s saved input.
+
+Recipes (:class:`Float8Recipe`):
+
+* ``"tensorwise"``: one scale per tensor from the tensor's own amax (current scaling: an amax pass, then the cast).
+* ``"rowwise"``: one scale per row of each operand along the contraction (per token for x and g, per output
+  feature for w); every operand is e4m3 (like torchao's rowwise recipe): a row's own scale leaves e5m2's range unused.
+* ``"delayed"``: one scale per tensor from the amax history of earlier steps (TransformerEngine's delayed scaling:
+  :class:`Float8DelayedScaling`); each cast is a single pass that also records this step's amax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ampkernels.float8.casts import to_float8, to_float8_pair
+from ampkernels.matmul.api import scaled_matmul
+from ampkernels.reference import float8_max
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+RECIPES = ("tensorwise", "rowwise", "delayed")
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+#: The cast sites of a layer, in the order of its delayed-scaling buffers.
+INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
+#: Inner and outer dimensions of every FP8 product must be multiples of 16 (cuBLAS's and TMA's 16-byte rule).
+FLOAT8_ALIGNMENT = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8Recipe:
+    """How a :class:`Float8Linear` casts. ``name``: one of :data:`RECIPES`; ``forward_dtype`` (x and w),
+    ``backward_dtype`` (the output gradient); for ``"delayed"``: ``amax_history_len`` steps of amax kept per tensor,
+    ``amax_compute_algo`` (``"max"`` of the history or its ``"most_recent"`` entry) and ``margin`` (the scale is
+    divided by ``2**margin``), as TransformerEngine's ``DelayedScaling`` defines them."""
+
+    name: str = "tensorwise"
+    forward_dtype: torch.dtype = E4M3
+    backward_dtype: torch.dtype = E5M2
+    amax_history_len: int = 16
+    amax_compute_algo: str = "max"
+    margin: int = 0
+
+    @classmethod
+    def named(cls, recipe: str | Float8Recipe, **options) -> Float8Recipe:
+        """The recipe called ``recipe`` with ``options`` overriding its defaults (rowwise: e4m3 gradients)."""
+        if isinstance(recipe, Float8Recipe):
+            return dataclasses.replace(recipe, **options) if options else recipe
+        if recipe not in RECIPES:
+            raise ValueError(f"ampkernels.float8: argument 'recipe': expected one of {RECIPES}, got {recipe!r}")
+        if recipe == "rowwise":
+            options.setdefault("backward_dtype", E4M3)
+        return cls(name=recipe, **options)
+
+    def __post_init__(self) -> None:
+        for field in ("forward_dtype", "backward_dtype"):
+            if getattr(self, field) not in (E4M3, E5M2):
+                raise ValueError(
+                    f"ampkernels.float8: argument '{field}': expected torch.float8_e4m3fn or torch.float8_e5m2, "
+                    f"got {getattr(self, field)}"
+                )
+        if self.forward_dtype == E5M2 and self.backward_dtype == E5M2:
+            raise ValueError("ampkernels.float8: e5m2 x e5m2 products are not supported: make one dtype e4m3fn")
+        if not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
+            raise ValueError(
+                f"ampkernels.float8: argument 'amax_history_len': expected an int >= 1, got {self.amax_history_len!r}"
+            )
+        if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
+            raise ValueError(
+                f"ampkernels.float8: argument 'amax_compute_algo': expected one of {AMAX_COMPUTE_ALGOS}, "
+                f"got {self.amax_compute_algo!r}"
+            )
+        if not isinstance(self.margin, int) or self.margin < 0:
+            raise ValueError(f"ampkernels.float8: argument 'margin': expected an int >= 0, got {self.margin!r}")
+
+    @property
+    def granularity(self) -> str:
+        return "row" if self.name == "rowwise" else "tensor"
+
+
+def _mm(a, b, scale_a, scale_b, bias, out_dtype):
+    return scaled_matmul(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
+
+
+def _bias_grad(grad: torch.Tensor, bias_dtype: torch.dtype) -> torch.Tensor:
+    return grad.sum(0, dtype=torch.float32).to(bias_dtype)
+
+
+class _TensorwiseMatmul(torch.autograd.Function):
+    """The three products with one scale per tensor: current scaling (``scale`` None) or delayed (``scale`` and
+    ``amax``: the layer's float32 [3] buffers, indexed by INPUT, WEIGHT, GRAD_OUTPUT)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe, out_dtype, scale, amax):
+        def site(t, i):
+            return None if t is None else t[i]
+
+        fwd = recipe.forward_dtype
+        need_w = weight.requires_grad
+        if need_w:  # the weight gradient reads x^T: write both layouts in the one pass
+            x8, xt8, x_inv = to_float8_pair(x, fwd, scale=site(scale, INPUT), amax_out=site(amax, INPUT))
+        else:
+            (x8, x_inv), xt8 = to_float8(x, fwd, scale=site(scale, INPUT), amax_out=site(amax, INPUT)), None
+        w8, wt8, w_inv = to_float8_pair(weight, fwd, scale=site(scale, WEIGHT), amax_out=site(amax, WEIGHT))
+        out = _mm(x8, w8.t(), x_inv, w_inv, bias, out_dtype)
+        ctx.save_for_backward(xt8, wt8, x_inv, w_inv)
+        # The delayed-scaling buffers are not saved tensors: the next forward updates them in place, which must not
+        # count as modifying what this backward reads (it reads only the gradient's site).
+        ctx.scale, ctx.amax = scale, amax
+        ctx.recipe, ctx.x_dtype, ctx.w_dtype = recipe, x.dtype, weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        xt8, wt8, x_inv, w_inv = ctx.saved_tensors
+        need_x, need_w, need_bias = ctx.needs_input_grad[:3]
+        scale = None if ctx.scale is None else ctx.scale[GRAD_OUTPUT]
+        amax = None if ctx.amax is None else ctx.amax[GRAD_OUTPUT]
+        grad = grad.contiguous()
+        bwd = ctx.recipe.backward_dtype
+        if need_w:
+            g8, gt8, g_inv = to_float8_pair(grad, bwd, scale=scale, amax_out=amax)
+        else:
+            g8, g_inv = to_float8(grad, bwd, scale=scale, amax_out=amax)
+        grad_x = _mm(g8, wt8.t(), g_inv, w_inv, None, ctx.x_dtype) if need_x else None
+        grad_w = _mm(gt8, xt8.t(), g_inv, x_inv, None, ctx.w_dtype) if need_w else None
+        grad_bias = _bias_grad(grad, ctx.bias_dtype) if need_bias else None
+        return grad_x, grad_w, grad_bias, None, None, None, None
+
+
+class _RowwiseMatmul(torch.autograd.Function):
+    """The three products with one scale per row of each operand along the contraction: the cast of x's transpose
+    (per column of x, over all tokens) for the weight gradient is made in the forward, so that only FP8 is saved."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe, out_dtype):
+        fwd = recipe.forward_dtype
+        x8, x_inv = to_float8(x, fwd, "row")  # [M, 1]
+        w8, w_inv = to_float8(weight, fwd, "row")  # [N, 1]
+        out = _mm(x8, w8.t(), x_inv, w_inv.t(), bias, out_dtype)
+        xt8 = xt_inv = None
+        if weight.requires_grad:
+            xt8, xt_inv = to_float8(x, fwd, "row", transpose=True)  # [K, M], [K, 1]
+        ctx.save_for_backward(xt8, xt_inv, weight)
+        ctx.recipe, ctx.x_dtype = recipe, x.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        xt8, xt_inv, weight = ctx.saved_tensors
+        need_x, need_w, need_bias = ctx.needs_input_grad[:3]
+        grad = grad.contiguous()
+        fwd, bwd = ctx.recipe.forward_dtype, ctx.recipe.backward_dtype
+        grad_x = grad_w = grad_bias = None
+        if need_x:
+            g8, g_inv = to_float8(grad, bwd, "row")  # [M, 1]
+            wt8, wt_inv = to_float8(weight, fwd, "row", transpose=True)  # [K, N], [K, 1]
+            grad_x = _mm(g8, wt8.t(), g_inv, wt_inv.t(), None, ctx.x_dtype)
+        if need_w:
+            gt8, gt_inv = to_float8(grad, bwd, "row", transpose=True)  # [N, M], [N, 1]
+            grad_w = _mm(gt8, xt8.t(), gt_inv, xt_inv.t(), None, weight.dtype)
+        if need_bias:
+            grad_bias = _bias_grad(grad, ctx.bias_dtype)
+        return grad_x, grad_w, grad_bias, None, None
+
+
+def float8_fits(in_features: int, out_features: int, min_features: int) -> bool:
+    """The layer-size rule of :func:`ampkernels.float8.convert_to_float8`: both dimensions multiples of
+    :data:`FLOAT8_ALIGNMENT` and at least ``min_features``."""
+    aligned = in_features % FLOAT8_ALIGNMENT == 0 and out_features % FLOAT8_ALIGNMENT == 0
+    return aligned and min(in_features, out_features) >= min_features
+
+
+class Float8Linear(nn.Linear):
+    """Drop-in ``nn.Linear`` (same constructor, parameters, initialization and ``state_dict``) whose training
+    products run in FP8 (see the module docstring).
+
+    Args (beyond ``nn.Linear``'s): recipe: ``"tensorwise"`` (default), ``"rowwise"``, ``"delayed"`` or a
+        :class:`Float8Recipe`. A ``"delayed"`` layer reads its scales from, and records its amaxes into, the
+        non-persistent float32 [3] buffers ``float8_scale`` and ``float8_amax`` (input, weight, output gradient),
+        which a :class:`Float8DelayedScaling` updates once per step; standing alone (not converted by
+        :func:`convert_to_float8`) it keeps its initial scales of 1.
+
+    The FP8 path runs when the input has a float dtype other than float64 and every dimension of the three products
+    is a multiple of 16 (tokens, ``in_features``, ``out_features``); otherwise the layer computes exactly what
+    ``nn.Linear`` would. The output has the autocast dtype under ``torch.autocast``, else the input's dtype; the
+    input gradient has the input's dtype and the weight gradient the weight's, both straight from the GEMM epilogue.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        recipe: str | Float8Recipe = "tensorwise",
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.recipe = Float8Recipe.named(recipe)
+        if self.recipe.name == "delayed":
+            device = self.weight.device
+            self.register_buffer("float8_scale", torch.ones(3, device=device), persistent=False)
+            self.register_buffer("float8_amax", torch.zeros(3, device=device), persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: str | Float8Recipe = "tensorwise") -> Float8Linear:
+        """A Float8Linear sharing ``linear``'s parameters (the same ``nn.Parameter`` objects: an optimizer built on
+        the old module keeps working) and its training mode."""
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, linear.bias is not None, recipe=recipe)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        if new.recipe.name == "delayed":
+            new.float8_scale = torch.ones(3, device=linear.weight.device)
+            new.float8_amax = torch.zeros(3, device=linear.weight.device)
+        new.train(linear.training)
+        return new
+
+    def _runs_float8(self, x: torch.Tensor) -> bool:
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or x.ndim == 0:
+            return False
+        rows = math.prod(x.shape[:-1])
+        aligned = self.in_features % FLOAT8_ALIGNMENT == 0 and self.out_features % FLOAT8_ALIGNMENT == 0
+        return aligned and rows > 0 and rows % FLOAT8_ALIGNMENT == 0 and x.shape[-1] == self.in_features
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._runs_float8(input):
+            return F.linear(input, self.weight, self.bias)
+        device_type = input.device.type
+        out_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else input.dtype
+        x = input.reshape(-1, self.in_features)
+        if self.recipe.name == "rowwise":
+            out = _RowwiseMatmul.apply(x, self.weight, self.bias, self.recipe, out_dtype)
+        elif self.recipe.name == "delayed":
+            out = _TensorwiseMatmul.apply(
+                x, self.weight, self.bias, self.recipe, out_dtype, self.float8_scale, self.float8_amax
+            )
+        else:
+            out = _TensorwiseMatmul.apply(x, self.weight, self.bias, self.recipe, out_dtype, None, None)
+        return out.view(*input.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe.name}"
+
+
+class Float8DelayedScaling:
+    """The amax history of every ``"delayed"`` :class:`Float8Linear` of a model, and the once-per-step update of
+    their scales (TransformerEngine's ``DelayedScaling``). :func:`convert_to_float8` makes one, keeps it as
+    ``model.float8_scaling`` and calls :meth:`update` before each forward in training mode with grad enabled.
+
+    The history is a buffer of the model it is made for, ``float8_amax_history`` (float32 [layers, 3,
+    amax_history_len], entry 0 the most recent step; with ``float8_limits``, the largest value per site; both
+    non-persistent, so a converted model's ``state_dict`` is the
+    plain model's, while ``.to()`` moves it and :func:`ampkernels.capture_step` saves and restores it with the
+    layers' scales). :meth:`update`, all on the device (no host sync, capturable): the amaxes the layers recorded
+    since the last update enter the history at entry 0 (the oldest leaves), ``amax = history.max()`` or
+    ``history[0]`` (``amax_compute_algo``), and each layer's scale becomes ``float8_max(dtype) / amax / 2**margin``,
+    except where that amax is 0 or not finite: there the scale is kept. The recorded amaxes are then zeroed. Scales
+    start at 1 (as TransformerEngine's).
+    """
+
+    HISTORY, LIMITS = "float8_amax_history", "float8_limits"
+
+    def __init__(self, owner: nn.Module, layers: list[Float8Linear], recipe: Float8Recipe) -> None:
+        if not layers:
+            raise ValueError("Float8DelayedScaling: no layers")
+        self.owner, self.layers, self.recipe = owner, list(layers), recipe
+        device = layers[0].weight.device
+        history = torch.zeros(len(layers), 3, recipe.amax_history_len, device=device)
+        owner.register_buffer(self.HISTORY, history, persistent=False)
+        limits = [float8_max(recipe.forward_dtype)] * 2 + [float8_max(recipe.backward_dtype)]  # per site
+        owner.register_buffer(self.LIMITS, torch.tensor(limits, device=device), persistent=False)
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Moves the recorded amaxes into the history and sets every layer's next scales (see the class)."""
+        scales = [layer.float8_scale for layer in self.layers]
+        amaxes = [layer.float8_amax for layer in self.layers]
+        history = getattr(self.owner, self.HISTORY)
+        recorded = torch.stack(amaxes)  # [layers, 3]
+        history.copy_(torch.cat((recorded[..., None], history[..., :-1]), dim=-1))
+        amax = history.amax(-1) if self.recipe.amax_compute_algo == "max" else history[..., 0]
+        fresh = torch.reciprocal(amax) * getattr(self.owner, self.LIMITS)  # reference.float8_scale's rounding
+        if self.recipe.margin:
+            fresh = fresh * (2.0**-self.recipe.margin)
+        keep = (amax == 0) | ~torch.isfinite(amax)
+        new = torch.where(keep, torch.stack(scales), fresh)
+        torch._foreach_copy_(scales, list(new.unbind(0)))
+        torch._foreach_zero_(amaxes)
+
+    def __repr__(self) -> str:
+        r = self.recipe
+        return (
+            f"Float8DelayedScaling(layers={len(self.layers)}, amax_history_len={r.amax_history_len}, "
+            f"amax_compute_algo={r.amax_compute_algo!r}, margin={r.margin})"
+        )
