@@ -266,3 +266,21 @@ def test_default_run_leaves_out_the_low_precision_table():
     document = bench_optimizers.run(ctx)
     assert "low_precision" not in document and "training_memory" not in document
     assert ctx.progress.total == 1
+
+
+def test_float8_benchmark_smoke(tmp_path):
+    """--only float8 on the CPU: every section runs at its small size, and the report and summary render."""
+    pytest.importorskip("tqdm")
+    from benchmarks import bench_float8
+    from benchmarks.__main__ import main
+
+    assert main(["--only", "float8", "--quick", "--device", "cpu", "--out", str(tmp_path), "--no-plot"]) == 0
+    (json_path,) = tmp_path.glob("float8_*.json")
+    document = json.loads(json_path.read_text())
+    assert document["casts"] and document["gemms"] and document["layers"]["rows"]
+    stack = {row["key"]: row for row in document["stack"]["rows"]}
+    assert set(stack) == {"bf16-eager"} | {f"fp8-{recipe}-eager" for recipe in bench_float8.RECIPES}
+    assert all("ms" in row and row["losses_finite"] for row in stack.values()), stack
+    report = bench_float8.report(document)
+    assert "LlamaStack training step" in report and "One layer" in report
+    assert any(line.startswith("Llama stack fp8 tensorwise") for line in bench_float8.summary(document))

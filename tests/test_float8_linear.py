@@ -1,0 +1,402 @@
+"""Float8Linear and convert_to_float8: autograd against the FP8 emulation and against bf16, the recipes' scales,
+delayed scaling's history, the module swap and its state_dict, non-finite inputs, torch.compile, CUDA graphs, DDP."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from ampkernels import FusedAdamW, FusedGradScaler, ScaledLinear, capture_step, reference
+from ampkernels.float8 import Float8Linear, Float8Recipe, convert_to_float8
+from ampkernels.float8.linear import GRAD_OUTPUT, INPUT, WEIGHT
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+RECIPES = ("tensorwise", "rowwise", "delayed")
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.detach().double() - ref.detach().double()).norm() / ref.detach().double().norm())
+
+
+def _layer(recipe, in_features=96, out_features=48, bias=True, device="cpu", seed=0):
+    torch.manual_seed(seed)
+    plain = nn.Linear(in_features, out_features, bias=bias, device=device)
+    return plain, Float8Linear.from_linear(copy.deepcopy(plain), recipe)
+
+
+def _emulated(x, w, b, g, recipe: Float8Recipe, scales=None):
+    """The three products as Float8Linear defines them, from the reference casts and the reference FP8 product."""
+    fwd, bwd = recipe.forward_dtype, recipe.backward_dtype
+    mm = reference.scaled_matmul_float8
+    if recipe.granularity == "row":
+        x8, sx = reference.to_float8(x, fwd, "row")
+        w8, sw = reference.to_float8(w, fwd, "row")
+        out = mm(x8, w8.t(), sx, sw.t(), bias=b, out_dtype=torch.float32)
+        g8, sg = reference.to_float8(g, bwd, "row")
+        wt8, swt = reference.to_float8(w, fwd, "row", transpose=True)
+        grad_x = mm(g8, wt8.t(), sg, swt.t(), out_dtype=torch.float32)
+        gt8, sgt = reference.to_float8(g, bwd, "row", transpose=True)
+        xt8, sxt = reference.to_float8(x, fwd, "row", transpose=True)
+        grad_w = mm(gt8, xt8.t(), sgt, sxt.t(), out_dtype=torch.float32)
+        return out, grad_x, grad_w
+    site = (lambda i: None) if scales is None else (lambda i: scales[i])
+    x8, xt8, sx = reference.to_float8_pair(x, fwd, scale=site(INPUT))
+    w8, wt8, sw = reference.to_float8_pair(w, fwd, scale=site(WEIGHT))
+    g8, gt8, sg = reference.to_float8_pair(g, bwd, scale=site(GRAD_OUTPUT))
+    out = mm(x8, w8.t(), sx, sw, bias=b, out_dtype=torch.float32)
+    grad_x = mm(g8, wt8.t(), sg, sw, out_dtype=torch.float32)
+    grad_w = mm(gt8, xt8.t(), sg, sx, out_dtype=torch.float32)
+    return out, grad_x, grad_w
+
+
+def _tolerance(device) -> float:
+    # CPU: the references compute the products in float32 like the emulation (only summation order differs); GPU:
+    # the kernels accumulate in float32 in another order and round the output once (fp32 here).
+    return 1e-5 if device == "cpu" else 1e-4
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_autograd_matches_the_float8_emulation_and_stays_near_bf16(recipe, device):
+    plain, layer = _layer(recipe, device=device)
+    torch.manual_seed(1)
+    x = (torch.randn(4, 32, 96, device=device) * 3).requires_grad_()
+    g = torch.randn(4, 32, 48, device=device)
+    out = layer(x)
+    out.backward(g)
+    ref_out, ref_gx, ref_gw = _emulated(
+        x.detach().reshape(-1, 96), layer.weight.detach(), layer.bias.detach(), g.reshape(-1, 48), layer.recipe
+    )
+    tol = _tolerance(device)
+    assert out.dtype == torch.float32 and out.shape == (4, 32, 48)
+    assert _rel(out.reshape(-1, 48), ref_out) < tol
+    assert _rel(x.grad.reshape(-1, 96), ref_gx) < tol
+    assert _rel(layer.weight.grad, ref_gw) < tol
+    torch.testing.assert_close(layer.bias.grad, g.reshape(-1, 48).sum(0), rtol=1e-5, atol=1e-5)
+    # Against the plain layer in float64: e4m3 keeps 3 mantissa bits (relative rounding error up to 2^-4, ~2.5%
+    # rms for normal data), e5m2 2 bits; the products average it down a little. Measured ~3.5% for the output.
+    x64 = x.detach().double().requires_grad_()
+    plain64 = copy.deepcopy(plain).double()
+    plain64(x64).backward(g.double())
+    bound = 0.08 if recipe == "rowwise" else 0.12  # rowwise has e4m3 gradients, tensorwise e5m2
+    assert _rel(out, plain64(x64)) < 0.06
+    assert _rel(x.grad, x64.grad) < bound
+    assert _rel(layer.weight.grad, plain64.weight.grad) < bound
+
+
+def test_delayed_recipe_casts_with_the_layers_scales(device):
+    plain, layer = _layer("delayed", device=device)
+    with torch.no_grad():
+        layer.float8_scale.copy_(torch.tensor([8.0, 2048.0, 0.5], device=device))
+    x = torch.randn(64, 96, device=device, requires_grad=True)
+    g = torch.randn(64, 48, device=device)
+    out = layer(x)
+    out.backward(g)
+    ref_out, ref_gx, ref_gw = _emulated(
+        x.detach(), layer.weight.detach(), layer.bias.detach(), g, layer.recipe, scales=layer.float8_scale
+    )
+    tol = _tolerance(device)
+    assert _rel(out, ref_out) < tol and _rel(x.grad, ref_gx) < tol and _rel(layer.weight.grad, ref_gw) < tol
+    # Each cast recorded its amax.
+    expected = torch.stack([x.detach().abs().max(), layer.weight.detach().abs().max(), g.abs().max()])
+    assert torch.equal(layer.float8_amax, expected)
+
+
+def test_autocast_output_dtype_and_gradient_dtypes(device):
+    plain, layer = _layer("tensorwise", device=device)
+    x = torch.randn(32, 96, device=device, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = layer(x)
+        ref = plain(x)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and layer.weight.grad.dtype == torch.float32
+    assert _rel(out, ref) < 0.06
+
+
+def test_unaligned_or_float64_inputs_compute_what_linear_does():
+    plain, layer = _layer("tensorwise")
+    for x in (torch.randn(5, 96), torch.randn(3, 7, 96), torch.randn(16, 96, dtype=torch.float64)):
+        p = plain.to(x.dtype)
+        layer = layer.to(x.dtype)
+        assert torch.equal(layer(x), p(x))
+    odd = Float8Linear(40, 24)  # 40 and 24 are not multiples of 16
+    x = torch.randn(32, 40)
+    assert torch.equal(odd(x), nn.functional.linear(x, odd.weight, odd.bias))
+
+
+def test_frozen_weight_and_no_bias():
+    _, layer = _layer("tensorwise", bias=False)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(32, 96, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer.weight.grad is None and x.grad is not None and torch.isfinite(x.grad).all()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Delayed scaling's history (TransformerEngine's semantics)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 32)
+        self.b = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("margin", [0, 2])
+def test_delayed_history_and_scales_follow_transformer_engine(algo, margin, device):
+    torch.manual_seed(0)
+    model = _TwoLayers().to(device)
+    convert_to_float8(model, "delayed", min_features=0, amax_history_len=3, amax_compute_algo=algo, margin=margin)
+    state = model.float8_scaling
+    layers = [model.a, model.b]
+    history = torch.zeros(2, 3, 3, device=device)
+    scales = torch.ones(2, 3, device=device)
+    for step in range(5):
+        x = torch.randn(32, 64, device=device) * (step + 1)
+        # The model's pre-hook moves the last step's amaxes in before the forward; mirror it.
+        recorded = torch.stack([layer.float8_amax for layer in layers]).clone()
+        model(x).square().sum().backward()
+        history = torch.cat((recorded[..., None], history[..., :-1]), dim=-1)
+        amax = history.amax(-1) if algo == "max" else history[..., 0]
+        fresh = reference.float8_scale(amax[:, :2], E4M3, margin), reference.float8_scale(amax[:, 2:], E5M2, margin)
+        fresh = torch.cat(fresh, dim=1)
+        scales = torch.where((amax == 0) | ~torch.isfinite(amax), scales, fresh)
+        assert torch.equal(model.float8_amax_history, history)
+        assert torch.equal(torch.stack([layer.float8_scale for layer in layers]), scales)
+        for layer in layers:
+            assert (layer.float8_amax > 0).all()  # recorded by this step's casts
+    assert state.recipe.amax_history_len == 3
+    # Evaluation forwards neither update the scales nor move the history.
+    before = [t.clone() for t in (model.float8_amax_history, model.a.float8_scale)]
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(32, 64, device=device))
+    assert torch.equal(model.float8_amax_history, before[0]) and torch.equal(model.a.float8_scale, before[1])
+
+
+def test_delayed_state_moves_with_the_model_and_copies():
+    model = _TwoLayers()
+    convert_to_float8(model, "delayed", min_features=0)
+    twin = copy.deepcopy(model)
+    assert twin.float8_scaling.layers[0] is twin.a and twin.float8_scaling.owner is twin
+    twin(torch.randn(16, 64)).sum().backward()
+    twin(torch.randn(16, 64))
+    assert torch.equal(model.float8_amax_history, torch.zeros_like(model.float8_amax_history))
+    assert twin.float8_amax_history.abs().sum() > 0
+    assert model.float8_amax_history.dtype == torch.float32
+    assert repr(model.float8_scaling).startswith("Float8DelayedScaling(layers=2")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The module swap
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_convert_keeps_parameters_state_dict_and_optimizer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16), nn.Linear(16, 8))
+    params = list(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plain_state = copy.deepcopy(model.state_dict())
+    convert_to_float8(model, min_features=16)
+    assert [type(m).__name__ for m in model] == ["Float8Linear", "ReLU", "Float8Linear", "Linear"]  # 8 < 16
+    assert list(model.parameters()) == params  # the same Parameter objects
+    state = model.state_dict()
+    assert list(state) == list(plain_state) and all(torch.equal(state[k], plain_state[k]) for k in state)
+    before = model[0].weight.detach().clone()
+    model(torch.randn(32, 64)).sum().backward()
+    opt.step()
+    assert not torch.equal(model[0].weight, before)
+    # A converted checkpoint loads into the plain model, and back.
+    plain = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16), nn.Linear(16, 8))
+    plain.load_state_dict(model.state_dict())
+    again = convert_to_float8(copy.deepcopy(plain), "delayed", min_features=16)
+    again.load_state_dict(plain.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))
+
+
+def test_convert_rules_filter_and_errors():
+    model = nn.ModuleDict(
+        dict(
+            big=nn.Linear(1024, 2048),
+            small=nn.Linear(512, 2048),
+            odd=nn.Linear(1030, 2048),
+            scaled=ScaledLinear(1024, 1024),
+        )
+    )
+    convert_to_float8(model)  # the default size rule
+    assert isinstance(model["big"], Float8Linear) and type(model["small"]) is nn.Linear
+    assert type(model["odd"]) is nn.Linear and type(model["scaled"]) is ScaledLinear
+    seen = []
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    convert_to_float8(model, "rowwise", lambda m, name: seen.append(name) or name == "1", min_features=0)
+    assert seen == ["0", "1"] and type(model[0]) is nn.Linear and model[1].recipe.name == "rowwise"
+    assert model[1].recipe.backward_dtype == E4M3 and "recipe=rowwise" in repr(model[1])
+    layer = convert_to_float8(nn.Linear(64, 64), "delayed", min_features=0)
+    assert isinstance(layer, Float8Linear) and hasattr(layer, "float8_scaling")
+    with pytest.raises(ValueError, match="argument 'recipe'"):
+        convert_to_float8(nn.Linear(64, 64), "blockwise")
+    with pytest.raises(ValueError, match="argument 'amax_compute_algo'"):
+        convert_to_float8(nn.Linear(64, 64), "delayed", amax_compute_algo="mean")
+    with pytest.raises(ValueError, match="argument 'amax_history_len'"):
+        Float8Recipe.named("delayed", amax_history_len=0)
+    with pytest.raises(ValueError, match="argument 'margin'"):
+        Float8Recipe.named("delayed", margin=-1)
+    with pytest.raises(ValueError, match="e5m2 x e5m2"):
+        Float8Recipe.named("tensorwise", forward_dtype=E5M2)
+    with pytest.raises(ValueError, match="argument 'forward_dtype'"):
+        Float8Recipe.named("tensorwise", forward_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="argument 'min_features'"):
+        convert_to_float8(nn.Linear(64, 64), min_features=-1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Non-finite values
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_non_finite_gradient_skips_the_step_and_keeps_scales_finite(recipe, device):
+    torch.manual_seed(0)
+    model = convert_to_float8(_TwoLayers().to(device), recipe, min_features=0)
+    opt = FusedAdamW(model.parameters(), lr=1e-2)
+    scaler = FusedGradScaler(device, init_scale=2.0**8)
+    for _ in range(3):
+        x = torch.randn(32, 64, device=device)
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(32, 64, device=device)
+    x[3, 5] = math.inf
+    opt.zero_grad()
+    scaler.scale(model(x).square().mean()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before)), "the step was not skipped"
+    assert float(scaler.get_scale()) == 2.0**7
+    if recipe == "delayed":
+        model(torch.randn(32, 64, device=device))  # the next forward moves the recorded amaxes in
+        assert torch.isfinite(model.float8_amax_history).all()
+        assert all(torch.isfinite(layer.float8_scale).all() for layer in (model.a, model.b))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# torch.compile, CUDA graphs, DDP
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_compiled_forward_and_backward_match_eager(recipe):
+    torch.manual_seed(0)
+    model = convert_to_float8(_TwoLayers(), recipe, min_features=0)
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(twin, backend="aot_eager", fullgraph=True)
+    x = torch.randn(32, 64)
+    for _ in range(2):
+        model(x).square().sum().backward()
+        compiled(x).square().sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_captured_step_replays_the_eager_run(recipe):
+    def build():
+        torch.manual_seed(0)
+        model = convert_to_float8(_TwoLayers().cuda(), recipe, min_features=0)
+        opt = FusedAdamW(model.parameters(), lr=torch.tensor(1e-2, device="cuda"))
+        return model, opt, FusedGradScaler("cuda", init_scale=2.0**8)
+
+    def step_fn(model, opt, scaler):
+        def step(x):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x).float().square().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            return loss.detach()
+
+        return step
+
+    gen = torch.Generator().manual_seed(5)
+    batches = [torch.randn(64, 64, generator=gen).cuda() for _ in range(6)]
+    eager_model, eager_opt, eager_scaler = build()
+    eager = step_fn(eager_model, eager_opt, eager_scaler)
+    eager_losses = [float(eager(x)) for x in batches]
+    model, opt, scaler = build()
+    graphed = capture_step(step_fn(model, opt, scaler), batches[0], models=model, optimizers=opt, scalers=scaler)
+    losses = [float(graphed(x)) for x in batches]
+    assert losses == pytest.approx(eager_losses, rel=1e-5)
+    for p, q in zip(eager_model.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    if recipe == "delayed":
+        torch.testing.assert_close(model.float8_amax_history, eager_model.float8_amax_history)
+
+
+def _train(model, steps=3):
+    """``steps`` SGD steps on the same batches in every process (seeded): what each rank and the single process see."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(steps):
+        batch = torch.randn(32, 64, generator=gen)
+        opt.zero_grad()
+        model(batch).square().mean().backward()
+        opt.step()
+
+
+def _parallel_worker(rank, world, init_file, recipe, mode, out_dir):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = convert_to_float8(_TwoLayers(), recipe, min_features=0)
+        if mode == "ddp":
+            _train(nn.parallel.DistributedDataParallel(model))
+            params = [p.detach() for p in model.parameters()]
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(model.a)
+            fully_shard(model.b)
+            fully_shard(model)
+            _train(model)
+            params = [p.full_tensor().detach() for p in model.parameters()]
+        torch.save(params, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed"])
+def test_data_parallel_ranks_match_one_process_bit_for_bit(tmp_path, recipe, mode):
+    """Both ranks train on the same batches, so the averaged gradient (g + g) / 2 is each rank's own exactly, and the
+    parameters must equal one process's bit for bit: under FSDP2 each layer sees its all-gathered weight, so the
+    tensorwise weight scale comes from the global amax."""
+    mp.spawn(_parallel_worker, args=(2, str(tmp_path / "init"), recipe, mode, str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    torch.manual_seed(0)
+    model = convert_to_float8(_TwoLayers(), recipe, min_features=0)
+    _train(model)
+    for name, p, q0, q1 in zip([n for n, _ in model.named_parameters()], model.parameters(), *ranks):
+        assert torch.equal(q0, q1), f"{mode} {name}: the ranks differ"
+        assert torch.equal(q0, p.detach()), f"{mode} {name}: differs from one process"
