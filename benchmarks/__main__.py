@@ -41,6 +41,7 @@ BENCHMARK_MODULES = (
     "bench_training",
     "bench_scaled_matmul",
     "bench_precision",
+    "bench_float8",
 )
 # NOTE: estimated from the complete sweep's per-module times on the H200, the default run takes ~3 min
 # (grad_scaler ~40 s, optimizers ~10 s, training ~55 s, scaled_matmul ~45 s, plus start-up); bench_precision takes

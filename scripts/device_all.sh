@@ -6,7 +6,7 @@
 # $OUT/*.log.
 # Usage: bash scripts/device_all.sh [TEST_LIMIT_S] [job:limit_s ...]
 #   jobs: default (python -m benchmarks), precision (--only precision), full (--full), a module name
-#   (grad_scaler, optimizers, training, scaled_matmul: --only NAME), or full-NAME (--only NAME --full). No job named: default:200 precision:140.
+#   (grad_scaler, optimizers, training, scaled_matmul, float8: --only NAME), or full-NAME (--only NAME --full). No job named: default:200 precision:140.
 #   TEST_LIMIT_S 0: no tests. TESTS="tests/test_a.py tests/test_b.py" runs only those test files (default: tests/).
 # NOTE (H200): the build takes ~75 s and the GPU tests ~170 s; the default run is estimated at ~160 s and the
 # precision table at ~60 s from the per-module times of the complete sweep. With the default limits (170 + 200 + 140
@@ -20,6 +20,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 test_limit=${1:-170}; shift || true
 jobs=("$@")
 [ ${#jobs[@]} -eq 0 ] && jobs=(default:200 precision:140)
+# Optional extras of the benchmarks (torchao) travel as wheels in .device-wheels/ (the machine has no internet).
+for wheel in .device-wheels/*.whl; do
+  [ -e "$wheel" ] && python3 -m pip install -q --no-deps "$wheel" > "$OUT/wheels.log" 2>&1
+done
 SKIP_TESTS=1 SKIP_BENCH=1 bash scripts/device_run.sh || exit 1
 : > "$OUT/times.txt"
 if [ "$test_limit" -gt 0 ]; then

@@ -1,0 +1,360 @@
+"""FP8 training: the fused casts, the FP8 GEMMs, one layer by size, and a whole Llama-style training step.
+
+Sections (``python -m benchmarks --only float8``):
+
+* casts (:mod:`benchmarks.float8_casts`): each cast of ampkernels.float8 against plain torch, GB/s and % of copy;
+* GEMMs (:mod:`benchmarks.float8_gemms`): FP8 scaled_matmul against ``torch._scaled_mm`` and bf16 cuBLAS on the
+  six training shapes of issue 18;
+* layer sizes: forward + backward of one ``nn.Linear`` of width K -> N at 16384 tokens under bf16 autocast against
+  the same layer as a Float8Linear (tensorwise, rowwise): where FP8 starts to pay, the rule behind
+  ``convert_to_float8``'s ``min_features``;
+* the training step of ``benchmarks.models.LlamaStack`` (``LLAMA_STACK``: 8 blocks of width 2048, SwiGLU 8192, 16
+  heads, batch 8 x 2048 tokens) under bf16 autocast: stock bf16 eager and ``torch.compile``d (torch's fused AdamW),
+  ampkernels FP8 per recipe eager and captured whole in a CUDA graph (``ampkernels.capture_step``; FusedAdamW), and
+  torchao's float8 training compiled when torchao is installed. Per step: ms, peak memory, first-step time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from benchmarks.common import RunContext, format_ms, format_table, free_device_memory, plot_grouped_bars, synchronize
+
+NAME = "float8"
+
+STACK_BATCH = (8, 2048)
+# On the CPU a tiny stack checks the code paths (no compile, no graphs, no torchao: nothing to compare there).
+CPU_STACK = dict(vocab=512, dim=128, layers=2, heads=4, ffn=512)
+CPU_STACK_BATCH = (2, 64)
+STACK_STEPS, CPU_STACK_STEPS = 8, 2  # timed steps per repeat
+RECIPES = ("tensorwise", "rowwise", "delayed")
+TORCHAO_RECIPES = ("tensorwise", "rowwise")
+
+LAYER_TOKENS, CPU_LAYER_TOKENS = 16384, 256
+LAYER_SHAPES = [(512, 512), (1024, 1024), (2048, 2048), (4096, 4096), (2048, 8192), (8192, 2048), (2048, 32000)]
+CPU_LAYER_SHAPES = [(64, 64), (128, 256)]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The Llama-style training step
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _torchao_convert():
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return None
+
+    def convert(model, recipe):
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        return convert_to_float8_training(model, config=config)
+
+    return convert
+
+
+def _stack_variants(ctx: RunContext) -> list[dict[str, Any]]:
+    """The rows of the stack table: (key, label, how the model is built and stepped)."""
+    on_gpu = ctx.device.type == "cuda"
+    rows = [dict(key="bf16-eager", label="stock bf16, eager", fp8=None, compiled=False, graphed=False, stock=True)]
+    if on_gpu:
+        rows.append(dict(key="bf16-compiled", label="stock bf16, torch.compile", fp8=None, compiled=True, stock=True))
+        rows.append(dict(key="bf16-graphed", label="ampkernels bf16, graphed", fp8=None, graphed=True))
+    for recipe in RECIPES:
+        rows.append(dict(key=f"fp8-{recipe}-eager", label=f"ampkernels fp8 {recipe}, eager", fp8=recipe))
+        if on_gpu:
+            rows.append(
+                dict(key=f"fp8-{recipe}-graphed", label=f"ampkernels fp8 {recipe}, graphed", fp8=recipe, graphed=True)
+            )
+    if on_gpu:
+        for recipe in TORCHAO_RECIPES:
+            rows.append(
+                dict(
+                    key=f"torchao-{recipe}-compiled",
+                    label=f"torchao fp8 {recipe}, torch.compile",
+                    torchao=recipe,
+                    compiled=True,
+                    stock=True,
+                )
+            )
+    for row in rows:
+        for flag in ("compiled", "graphed", "stock"):
+            row.setdefault(flag, False)
+        row.setdefault("fp8", None)
+        row.setdefault("torchao", None)
+    return rows
+
+
+def _build_stack_step(variant: dict, ctx: RunContext, config: dict, batch: tuple[int, int]):
+    """(step(tokens, targets) -> loss, model, example inputs), for one variant."""
+    import ampkernels
+    from ampkernels.float8 import convert_to_float8
+    from benchmarks.models import LlamaStack
+
+    torch.manual_seed(0)
+    model = LlamaStack(**config).to(ctx.device)
+    if variant["fp8"] is not None:
+        convert_to_float8(model, variant["fp8"])
+    if variant["torchao"] is not None:
+        _torchao_convert()(model, variant["torchao"])
+    if variant["stock"]:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=ctx.device.type == "cuda")
+    else:
+        lr = torch.tensor(1e-4, device=ctx.device) if variant["graphed"] else 1e-4
+        optimizer = ampkernels.FusedAdamW(model.parameters(), lr=lr)
+    forward = torch.compile(model) if variant["compiled"] else model
+    device_type = ctx.device.type
+    vocab = config["vocab"]
+    generator = torch.Generator(device=ctx.device).manual_seed(0)
+    tokens = torch.randint(vocab, batch, device=ctx.device, generator=generator)
+    targets = torch.randint(vocab, batch, device=ctx.device, generator=generator)
+
+    def step(tokens, targets):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            logits = forward(tokens)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    if variant["graphed"]:
+        step = ampkernels.capture_step(step, tokens, targets, models=model, optimizers=optimizer)
+    return step, model, (tokens, targets)
+
+
+def _time_stack_variant(variant: dict, ctx: RunContext, config: dict, batch) -> dict[str, Any]:
+    row = {k: variant[k] for k in ("key", "label")}
+    free_device_memory(ctx.device)
+    on_gpu = ctx.device.type == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    start = time.perf_counter()
+    try:
+        step, model, inputs = _build_stack_step(variant, ctx, config, batch)
+        first_loss = step(*inputs)
+        synchronize(ctx.device)
+    except Exception as error:  # a missing optional piece (torchao, a compiler) skips the row, saying why
+        row["skipped"] = f"{type(error).__name__}: {error}"[:300]
+        return row
+    row["first_step_s"] = time.perf_counter() - start  # build + graph capture or compile + one step
+    for _ in range(2):
+        step(*inputs)
+    steps = STACK_STEPS if on_gpu else CPU_STACK_STEPS
+    per_step = []
+    losses = [float(first_loss)]
+    for _ in range(ctx.repeats):
+        synchronize(ctx.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            loss = step(*inputs)
+        synchronize(ctx.device)
+        per_step.append((time.perf_counter() - t0) * 1e3 / steps)
+        losses.append(float(loss))
+    row["ms"] = statistics.median(per_step)
+    row["ms_all"] = per_step
+    row["losses_finite"] = all(math.isfinite(x) for x in losses)
+    row["peak_gib"] = round(torch.cuda.max_memory_allocated(ctx.device) / 2**30, 2) if on_gpu else None
+    row["params"] = sum(p.numel() for p in model.parameters())
+    del step, model, inputs
+    free_device_memory(ctx.device)
+    return row
+
+
+def _stack_section(ctx: RunContext) -> dict[str, Any]:
+    on_gpu = ctx.device.type == "cuda"
+    from benchmarks.models import LLAMA_STACK
+
+    config = dict(LLAMA_STACK) if on_gpu else dict(CPU_STACK)
+    batch = STACK_BATCH if on_gpu else CPU_STACK_BATCH
+    variants = _stack_variants(ctx)
+    rows = []
+    for variant in variants:
+        ctx.progress.set_postfix_str(f"stack: {variant['label']}")
+        rows.append(_time_stack_variant(variant, ctx, config, batch))
+        ctx.progress.update()
+    base = next((r for r in rows if r["key"] == "bf16-eager" and "ms" in r), None)
+    for row in rows:
+        if base is not None and "ms" in row:
+            row["speedup_over_bf16_eager"] = base["ms"] / row["ms"]
+    return {
+        "model": "LlamaStack",
+        "config": config,
+        "batch": list(batch),
+        "torchao": _package_version("torchao"),
+        "rows": rows,
+    }
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One layer by size
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _layer_step(layer: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> Callable[[], None]:
+    device_type = x.device.type
+
+    def run():
+        layer.weight.grad = None
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            out = layer(x)
+        out.backward(grad)
+
+    return run
+
+
+def _layer_section(ctx: RunContext) -> dict[str, Any]:
+    from ampkernels.float8 import Float8Linear
+    from benchmarks.common import time_interleaved
+
+    on_gpu = ctx.device.type == "cuda"
+    tokens = LAYER_TOKENS if on_gpu else CPU_LAYER_TOKENS
+    rows = []
+    for k, n in LAYER_SHAPES if on_gpu else CPU_LAYER_SHAPES:
+        ctx.progress.set_postfix_str(f"layer {k} -> {n}")
+        free_device_memory(ctx.device)
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(k, n, bias=False, device=ctx.device)
+        layers = {"bf16": plain}
+        for recipe in ("tensorwise", "rowwise"):
+            layers[recipe] = Float8Linear.from_linear(plain, recipe)
+        x = torch.randn(tokens, k, device=ctx.device, dtype=torch.bfloat16, requires_grad=True)
+        grad = torch.randn(tokens, n, device=ctx.device, dtype=torch.bfloat16)
+        timings = time_interleaved(
+            {name: _layer_step(layer, x, grad) for name, layer in layers.items()},
+            ctx.device,
+            ctx.repeats,
+            ctx.target_loop_s,
+        )
+        row = {"tokens": tokens, "in_features": k, "out_features": n, "tflop": 6 * tokens * k * n / 1e12}
+        for name, timing in timings.items():
+            row[f"{name}_ms"] = timing.median_wall_ms
+        for recipe in ("tensorwise", "rowwise"):
+            row[f"{recipe}_speedup"] = row["bf16_ms"] / row[f"{recipe}_ms"]
+        rows.append(row)
+        ctx.progress.update()
+    return {"rows": rows}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Runner entry points
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    from benchmarks import float8_casts, float8_gemms
+
+    on_gpu = ctx.device.type == "cuda"
+    ctx.progress.reset(total=len(_stack_variants(ctx)) + len(LAYER_SHAPES if on_gpu else CPU_LAYER_SHAPES) + 2)
+    document: dict[str, Any] = {"mode": "gpu" if on_gpu else "cpu-small"}
+    ctx.progress.set_postfix_str("casts")
+    document["casts"] = float8_casts.run_casts(ctx)
+    ctx.progress.update()
+    ctx.progress.set_postfix_str("gemms")
+    document["gemms"] = float8_gemms.run_gemms(ctx)
+    ctx.progress.update()
+    document["layers"] = _layer_section(ctx)
+    document["stack"] = _stack_section(ctx)
+    return document
+
+
+def _report_layers(section: dict[str, Any]) -> str:
+    rows = [
+        [
+            f"{r['in_features']} -> {r['out_features']}",
+            format_ms(r["bf16_ms"]),
+            format_ms(r["tensorwise_ms"]),
+            f"{r['tensorwise_speedup']:.2f}x",
+            format_ms(r["rowwise_ms"]),
+            f"{r['rowwise_speedup']:.2f}x",
+        ]
+        for r in section["rows"]
+    ]
+    tokens = section["rows"][0]["tokens"] if section["rows"] else 0
+    title = f"One layer, forward + backward at {tokens} tokens (bf16 autocast), ms"
+    headers = ["K -> N", "bf16", "fp8 tensorwise", "vs bf16", "fp8 rowwise", "vs bf16"]
+    return title + "\n" + format_table(headers, rows, "lrrrrr")
+
+
+def _report_stack(section: dict[str, Any]) -> str:
+    rows = []
+    for r in section["rows"]:
+        if "skipped" in r:
+            rows.append([r["label"], "skipped", "", "", "", r["skipped"][:60]])
+            continue
+        rows.append(
+            [
+                r["label"],
+                format_ms(r["ms"]),
+                f"{r['speedup_over_bf16_eager']:.2f}x" if "speedup_over_bf16_eager" in r else "",
+                "" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}",
+                f"{r['first_step_s']:.1f}",
+                "" if r["losses_finite"] else "NON-FINITE LOSS",
+            ]
+        )
+    c = section["config"]
+    title = (
+        f"{section['model']} training step (dim {c['dim']}, {c['layers']} blocks, ffn {c['ffn']}, vocab {c['vocab']}), "
+        f"batch {section['batch'][0]} x {section['batch'][1]}, bf16 autocast"
+    )
+    headers = ["variant", "ms/step", "vs bf16 eager", "peak GiB", "first step s", ""]
+    return title + "\n" + format_table(headers, rows, "lrrrrl")
+
+
+def report(document: dict[str, Any]) -> str:
+    from benchmarks import float8_casts, float8_gemms
+
+    parts = [
+        float8_casts.report_casts(document["casts"]),
+        float8_gemms.report_gemms(document["gemms"]),
+        _report_layers(document["layers"]),
+        _report_stack(document["stack"]),
+    ]
+    return "\n\n".join(parts)
+
+
+def summary(document: dict[str, Any]) -> list[str]:
+    lines = []
+    stack = {r["key"]: r for r in document["stack"]["rows"] if "ms" in r}
+    base = stack.get("bf16-eager")
+    for key in ("fp8-tensorwise-eager", "fp8-tensorwise-graphed", "fp8-rowwise-eager", "fp8-delayed-eager"):
+        if key in stack and base:
+            r = stack[key]
+            lines.append(
+                f"Llama stack {r['label'].removeprefix('ampkernels ')}: {r['ms']:.1f} ms/step, "
+                f"{base['ms'] / r['ms']:.2f}x stock bf16 eager ({base['ms']:.1f} ms)"
+            )
+    compiled = stack.get("torchao-tensorwise-compiled")
+    if compiled and "fp8-tensorwise-eager" in stack:
+        ours = stack["fp8-tensorwise-eager"]
+        lines.append(f"fp8 tensorwise eager vs torchao compiled: {compiled['ms'] / ours['ms']:.2f}x")
+    return lines
+
+
+def plot(document: dict[str, Any], path: Path, title: str) -> bool:
+    rows = [r for r in document["stack"]["rows"] if "ms" in r]
+    if not rows:
+        return False
+    panels = {
+        "training step, ms": ([r["label"].replace(", ", "\n") for r in rows], {"ms per step": [r["ms"] for r in rows]})
+    }
+    return plot_grouped_bars(
+        path, title, panels, ylabel="ms per step", log_scale=False, panel_width=13, tick_fontsize=6
+    )
