@@ -629,8 +629,9 @@ def float8_scale(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0) -> tor
     """The float32 scale that maps ``amax`` onto the largest finite value of ``dtype``, with ``margin`` powers of two
     of headroom (TransformerEngine's ``margin``): ``float8_max(dtype) / max(amax, FLOAT8_AMAX_FLOOR) / 2**margin``,
     computed as ``reciprocal(max(amax, FLOAT8_AMAX_FLOOR)) * float8_max(dtype)`` with each step rounded to float32
-    (what torchao's ``float8_max / amax`` computes: torch evaluates a number divided by a tensor that way). A non-finite ``amax`` (an inf or NaN in the tensor) gives 1.0: the scale always
-    stays finite and positive, and the non-finite values themselves reach the product (see :func:`to_float8`)."""
+    (what torchao's ``float8_max / amax`` computes: torch evaluates a number divided by a tensor that way). A
+    non-finite ``amax`` (an inf or NaN in the tensor) gives 1.0: the scale always stays finite and positive, and the
+    non-finite values themselves reach the product (see :func:`to_float8`)."""
     amax = amax.float()
     scale = torch.reciprocal(torch.clamp(amax, min=FLOAT8_AMAX_FLOOR)) * float8_max(dtype)
     if margin:
