@@ -57,9 +57,10 @@ def _emulated(x, w, b, g, recipe: Float8Recipe, scales=None):
 
 
 def _tolerance(device) -> float:
-    # CPU: the references compute the products in float32 like the emulation (only summation order differs); GPU:
-    # the kernels accumulate in float32 in another order and round the output once (fp32 here).
-    return 1e-5 if device == "cpu" else 1e-4
+    # CPU: the references compute the products in float32 like the emulation (only summation order differs). GPU:
+    # Hopper's FP8 tensor cores accumulate products with fewer bits than fp32, ~1e-4 relative against the exact
+    # product (cuBLAS's torch._scaled_mm too: tests/test_scaled_matmul_float8.py); a wrong scale or layout is >= 1e-2.
+    return 1e-5 if device == "cpu" else 1e-3
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])

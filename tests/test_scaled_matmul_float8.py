@@ -54,7 +54,10 @@ def _factors(granularity: str, M: int, N: int, device, batch: tuple[int, ...] = 
 
 
 def _ref64(a, b, scale_a, scale_b, scale=None, bias=None, old=None):
-    v = a.double() @ b.double()
+    return _ref64_from(a.double() @ b.double(), scale_a, scale_b, scale, bias, old)
+
+
+def _ref64_from(v, scale_a, scale_b, scale=None, bias=None, old=None):
     if scale_a is not None:
         v = v * scale_a.double().reshape(-1, 1)
     if scale_b is not None:
@@ -64,6 +67,29 @@ def _ref64(a, b, scale_a, scale_b, scale=None, bias=None, old=None):
     if bias is not None:
         v = v + bias.double()
     return v if old is None else old.double() + v
+
+
+def _stock(a, b, scale_a, scale_b, scale=None, bias=None, out_dtype=torch.bfloat16):
+    """What stock PyTorch computes from these fp8 operands, the error the rule compares against. On CUDA: cuBLAS's
+    fp8 product (``torch._scaled_mm`` with unit factors, fp32 out), then the factors, scale and bias in float64 and
+    the rounding to ``out_dtype``. Hopper's tensor cores accumulate fp8 products with fewer bits than fp32 (measured
+    ~1e-4 relative, against ~3e-8 for the exact fp32 reference), which every fp8 backend shares. Where cuBLAS refuses
+    the shape, and on the CPU: the reference."""
+    K, N = b.shape
+    if a.device.type != "cuda" or K % 16 or N % 16:
+        return reference.scaled_matmul_float8(a, b, scale_a, scale_b, scale, bias=bias, out_dtype=out_dtype)
+    one = torch.ones((), device=a.device)
+    product = torch._scaled_mm(a.contiguous(), b.t().contiguous().t(), one, one, out_dtype=torch.float32)
+    return _ref64_from(product.double(), scale_a, scale_b, scale, bias).to(out_dtype)
+
+
+def _close_to_reference(ours, expected, device, backend):
+    """Against the exact fp32 reference: bit-level agreement on the CPU; on CUDA within the fp8 tensor cores'
+    accumulation error (see _stock), ~1e-4 relative, checked at 5e-4 of the result's norm."""
+    if device == "cpu" or backend == "torch":
+        torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-4)
+    else:
+        assert _rel_err(ours, expected.double()) < 5e-4
 
 
 def _assert_within_twice(ours, stock, ref, *, interpreted: bool = False):
@@ -136,7 +162,7 @@ def test_accumulate_into_fp32(device, backend, fresh_caches):
         a.reshape(48, 64), b, scale_a.reshape(48, 1), scale_b, 0.25, out_dtype=torch.float32,
         out=old.clone().reshape(48, 32), accumulate=True,
     )  # fmt: skip
-    torch.testing.assert_close(out.reshape(48, 32), expected, rtol=1e-5, atol=1e-5)
+    _close_to_reference(out.reshape(48, 32), expected, device, backend)
     _assert_amax(amax, 0.0, out)
 
 
@@ -188,7 +214,7 @@ def test_other_layouts(device, backend, layout, fresh_caches):
     scale_a, scale_b = _factors("row", M, N, device)
     ours = scaled_matmul(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.float32, backend=backend)
     expected = reference.scaled_matmul_float8(a, b, scale_a, scale_b, out_dtype=torch.float32)
-    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-4)
+    _close_to_reference(ours, expected, device, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -208,9 +234,10 @@ def test_odd_shapes(device, backend, shape, fresh_caches):
             call()
         return
     ours = call()
-    expected = reference.scaled_matmul_float8(a, b, scale_a, scale_b, 2.0, bias=bias)
     ref = _ref64(a, b, scale_a, scale_b, 2.0, bias)
-    _assert_within_twice(ours, expected, ref, interpreted=_interpreted(device, backend))
+    _assert_within_twice(
+        ours, _stock(a, b, scale_a, scale_b, 2.0, bias), ref, interpreted=_interpreted(device, backend)
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

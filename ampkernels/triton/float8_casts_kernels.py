@@ -26,7 +26,9 @@ import triton.language as tl
 
 _AMAX_FLOOR = tl.constexpr(1e-12)
 _INF = tl.constexpr(float("inf"))
-_NAN = tl.constexpr(float("nan"))
+# NOTE: no NaN constexpr: Triton compares a kernel's globals by value when it compiles, and NaN != NaN made every
+# kernel calling _cast fail on the H200 ("Global variable _NAN has changed"). The NaN is built from its bits.
+_NAN_BITS = tl.constexpr(0x7FC00000)
 
 
 @triton.jit
@@ -91,7 +93,8 @@ def _cast(x, scale, FP8_MAX: tl.constexpr, E4M3: tl.constexpr, SOFTWARE: tl.cons
     p = x * scale
     p = tl.where(p > FP8_MAX, FP8_MAX, p)
     p = tl.where(p < -FP8_MAX, -FP8_MAX, p)
-    p = tl.where(tl.abs(x) < _INF, p, _NAN)
+    nan = tl.full(p.shape, _NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+    p = tl.where(tl.abs(x) < _INF, p, nan)
     return _encode(p, E4M3, SOFTWARE)
 
 
