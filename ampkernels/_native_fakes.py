@@ -2,7 +2,7 @@
 and ``torch.library.opcheck`` can test them.
 
 The schemas are in csrc/ (one ``TORCH_LIBRARY_FRAGMENT`` per op family): ``unscale_reduce_`` and ``update_scale_``
-in csrc/scaler/scaler_ops.cpp, ``scaled_matmul_wmma_`` and ``scaled_matmul_wgmma_`` in
+in csrc/scaler/scaler_ops.cpp, ``scaled_matmul_wmma_``, ``scaled_matmul_wgmma_`` and ``scaled_matmul_fp8_wgmma_`` in
 csrc/matmul/scaled_matmul_ops.cpp. Nothing is registered when the extension is missing.
 """
 
@@ -13,7 +13,13 @@ import torch
 from ampkernels import dispatch
 
 # Every op of the native extension: tests/test_native_fakes.py checks this list against the registered schemas.
-NATIVE_OPS = ("unscale_reduce_", "update_scale_", "scaled_matmul_wmma_", "scaled_matmul_wgmma_")
+NATIVE_OPS = (
+    "unscale_reduce_",
+    "update_scale_",
+    "scaled_matmul_wmma_",
+    "scaled_matmul_wgmma_",
+    "scaled_matmul_fp8_wgmma_",
+)
 
 
 def _unscale_reduce_fake(tensors, scale, found_inf, factor, write, norm_type, per_tensor, max_norm):
@@ -47,11 +53,18 @@ def _scaled_matmul_fake(a, b, scale, scale_mode, alpha, bias, out, accumulate, f
     return None  # writes `out` (and found_inf) in place
 
 
+def _scaled_matmul_fp8_fake(
+    a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
+):
+    return None  # writes `out` (and found_inf, amax_out) in place
+
+
 _FAKES = {
     "unscale_reduce_": _unscale_reduce_fake,
     "update_scale_": _update_scale_fake,
     "scaled_matmul_wmma_": _scaled_matmul_fake,
     "scaled_matmul_wgmma_": _scaled_matmul_fake,
+    "scaled_matmul_fp8_wgmma_": _scaled_matmul_fp8_fake,
 }
 
 

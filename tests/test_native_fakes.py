@@ -22,6 +22,9 @@ SCHEMAS = {
     "float alpha, Tensor? bias, Tensor(a!) out, bool accumulate, Tensor(b!)? found_inf) -> ()",
     "scaled_matmul_wgmma_": "ampkernels::scaled_matmul_wgmma_(Tensor a, Tensor b, Tensor? scale, int scale_mode, "
     "float alpha, Tensor? bias, Tensor(a!) out, bool accumulate, Tensor(b!)? found_inf) -> ()",
+    "scaled_matmul_fp8_wgmma_": "ampkernels::scaled_matmul_fp8_wgmma_(Tensor a, Tensor b, Tensor? scale_a, "
+    "Tensor? scale_b, Tensor? scale, int scale_mode, float alpha, Tensor? bias, Tensor(a!) out, bool accumulate, "
+    "Tensor(b!)? found_inf, Tensor(c!)? amax_out) -> ()",
 }
 
 
@@ -60,3 +63,7 @@ def test_matmul_fakes_trace_under_fake_tensors():
         out = torch.empty(64, 48, dtype=torch.float32, device="cpu")
         for name in ("scaled_matmul_wmma_", "scaled_matmul_wgmma_"):
             getattr(torch.ops.ampkernels, name)(a, b, None, 0, 1.0, None, out, False, None)
+        a8 = torch.empty(64, 32, dtype=torch.float8_e4m3fn, device="cpu")
+        b8 = torch.empty(48, 32, dtype=torch.float8_e4m3fn, device="cpu").t()
+        amax = torch.zeros(1, dtype=torch.float32, device="cpu")
+        torch.ops.ampkernels.scaled_matmul_fp8_wgmma_(a8, b8, None, None, None, 0, 1.0, None, out, False, None, amax)

@@ -1,5 +1,5 @@
-// Shared between the scaled_matmul_wmma_ / scaled_matmul_wgmma_ ops (scaled_matmul_ops.cpp: checks, registration) and
-// their CUDA launchers (wmma.cu, wgmma.cu).
+// Shared between the scaled_matmul_wmma_ / scaled_matmul_wgmma_ / scaled_matmul_fp8_wgmma_ ops (scaled_matmul_ops.cpp:
+// checks, registration) and their CUDA launchers (wmma.cu, wgmma.cu, wgmma_fp8.cu).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -74,7 +74,18 @@ struct ScaledMatmulArgs {
   at::Tensor found_inf;     // undefined or 1-element float32
 };
 
+// The float8 op's arguments, checked by scaled_matmul_fp8_wgmma_ (scaled_matmul_ops.cpp).
+struct ScaledMatmulFp8Args {
+  ScaledMatmulArgs mm;  // a [M, K] row-major, b [K, N] column-major, float8 (K % 16 == 0, K > 0, 16-byte aligned);
+                        // bias float32 or out's dtype; the rest as for the 16-bit ops
+  at::Tensor scale_a;   // undefined (1) or float32 contiguous: 1 element, or M (one per row of a)
+  at::Tensor scale_b;   // undefined (1) or float32 contiguous: 1 element, or N (one per column of b)
+  at::Tensor amax_out;  // undefined or 1-element float32
+};
+
 #ifdef AMPK_WITH_CUDA
+// The sm_90a FP8 wgmma kernel (wgmma_fp8.cu).
+void scaled_matmul_fp8_wgmma_cuda(const ScaledMatmulFp8Args& args);
 void scaled_matmul_wmma_cuda(const ScaledMatmulArgs& args);
 // The sm_90a wgmma kernel (wgmma.cu): false, without launching, when the operands do not suit TMA.
 bool scaled_matmul_wgmma_cuda(const ScaledMatmulArgs& args);

@@ -31,38 +31,44 @@ extern template void launch_layouts<__half, 128>(const Params&, const CUtensorMa
 
 namespace {
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled(const char* op) {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
   if (fn == nullptr) {
     void* ptr = nullptr;
     cudaDriverEntryPointQueryResult found{};
     C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found));
-    TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr,
-                "ampkernels: scaled_matmul_wgmma_: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
+    TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr, "ampkernels: ", op,
+                ": the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
     fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
   }
   return fn;
 }
 
-// A 2-D tensor map over 16-bit elements: `inner` contiguous elements per line, `outer` lines `ld` elements apart;
-// boxes of box_inner x box_outer, 128-byte swizzled, zeros outside the matrix.
+// A 2-D tensor map over 16-bit elements (tensor_map_2d).
 CUtensorMap tensor_map(const void* base, bool bf16, int64_t inner, int64_t outer, int64_t ld, int box_inner,
                        int box_outer) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_outer)};
-  const cuuint32_t steps[2] = {1, 1};
-  const CUresult r = encode_tiled()(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                    const_cast<void*>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TORCH_CHECK(r == CUDA_SUCCESS, "ampkernels: scaled_matmul_wgmma_: cuTensorMapEncodeTiled failed (error ",
-              static_cast<int>(r), ") for a ", outer, " x ", inner, " operand with leading dimension ", ld);
-  return map;
+  return tensor_map_2d(base, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, inner,
+                       outer, ld, box_inner, box_outer, "scaled_matmul_wgmma_");
 }
 
 }  // namespace
+
+CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, int elem_bytes, int64_t inner, int64_t outer,
+                          int64_t ld, int box_inner, int box_outer, const char* op) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * elem_bytes};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_outer)};
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult r = encode_tiled(op)(&map, type, 2, const_cast<void*>(base), dims, strides, box, steps,
+                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, ::ampkernels::message("ampkernels: ", op, ": cuTensorMapEncodeTiled failed (error ",
+                                                      static_cast<int>(r), ") for a ", outer, " x ", inner,
+                                                      " operand with leading dimension ", ld));
+  return map;
+}
+
 }  // namespace wgmma_mm
 
 // Args: the checked arguments of ampkernels::scaled_matmul_wgmma_ (scaled_matmul_ops.cpp), on one CUDA device.

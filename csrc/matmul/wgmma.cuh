@@ -202,9 +202,10 @@ __device__ __forceinline__ void stash_chunk_at(const float (&acc)[BN / 2], float
 }
 
 // store8's common case, with its math (x * (alpha * scale), rounded once) and no per-element branches: one scale for
-// the whole tile, no bias, no old output, eight outputs inside the matrix, 16-byte aligned.
-template <typename O>
-__device__ __forceinline__ void store8_scaled(O* o, const float (&v)[8], float s, bool check, bool& bad) {
+// the whole tile, no bias, no old output, eight outputs inside the matrix, 16-byte aligned. `amax` as in store8.
+template <typename O, typename Amax>
+__device__ __forceinline__ void store8_scaled(O* o, const float (&v)[8], float s, bool check, bool& bad,
+                                              Amax& amax) {
   O res[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) res[j] = wmma_mm::from_f32<O>(v[j] * s);
@@ -212,6 +213,8 @@ __device__ __forceinline__ void store8_scaled(O* o, const float (&v)[8], float s
 #pragma unroll
     for (int j = 0; j < 8; ++j) bad |= !isfinite(wmma_mm::to_f32<O>(res[j]));
   }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) amax.add(wmma_mm::to_f32<O>(res[j]));
   constexpr int kVecs = 8 * sizeof(O) / 16;
 #pragma unroll
   for (int u = 0; u < kVecs; ++u) {
@@ -219,6 +222,12 @@ __device__ __forceinline__ void store8_scaled(O* o, const float (&v)[8], float s
     memcpy(&w, &res[u * (16 / sizeof(O))], 16);
     reinterpret_cast<uint4*>(o)[u] = w;
   }
+}
+
+template <typename O>
+__device__ __forceinline__ void store8_scaled(O* o, const float (&v)[8], float s, bool check, bool& bad) {
+  wmma_mm::NoAmax none;
+  store8_scaled(o, v, s, check, bad, none);
 }
 
 // Stores x * s and y * s, each rounded once to O (round to nearest even, as from_f32), as one 32-bit word of shared
@@ -462,6 +471,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #endif
 }
+
+// A 2-D tensor map (host; wgmma.cu): `inner` contiguous elements of `elem_bytes` per line, `outer` lines `ld`
+// elements apart; boxes of box_inner x box_outer, 128-byte swizzled, zeros outside the matrix. `op` names the caller
+// in errors.
+CUtensorMap tensor_map_2d(const void* base, CUtensorMapDataType type, int elem_bytes, int64_t inner, int64_t outer,
+                          int64_t ld, int box_inner, int box_outer, const char* op);
 
 template <typename T, int BN, int kTransA, int kTransB>
 inline void launch(const Params& p, const CUtensorMap& map_a, const CUtensorMap& map_b, int dev, int grid,

@@ -217,10 +217,23 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// Collects nothing: store8's default, the 16-bit kernels' case.
+struct NoAmax {
+  __device__ __forceinline__ void add(float) {}
+};
+
+// max |v| over the values it is given, as the bits of a non-negative float: integer order is float order there, and
+// a NaN (exponent all ones, mantissa not zero) sorts above inf, so the max propagates NaN as torch.maximum does.
+struct AmaxBits {
+  int bits = 0;
+  __device__ __forceinline__ void add(float v) { bits = max(bits, __float_as_int(v) & 0x7FFFFFFF); }
+};
+
 // Finishes the outputs (row, col .. col + n - 1), n <= 8: scale, bias, accumulate, convert, store. `bad` collects
-// whether a value as stored is not finite (fp16 overflow included).
-template <typename T, typename O>
-__device__ __forceinline__ void store8(const Params& p, int row, int col, int n, const float (&v)[8], bool& bad) {
+// whether a value as stored is not finite (fp16 overflow included), `amax` the values as stored (AmaxBits).
+template <typename T, typename O, typename Amax>
+__device__ __forceinline__ void store8(const Params& p, int row, int col, int n, const float (&v)[8], bool& bad,
+                                       Amax& amax) {
   constexpr int kPerVec = 16 / sizeof(O);        // outputs per 16-byte access
   constexpr int kVecs = 8 / kPerVec;             // 16-byte accesses per 8 outputs
   O* o = static_cast<O*>(p.out) + static_cast<int64_t>(row) * p.N + col;
@@ -255,6 +268,7 @@ __device__ __forceinline__ void store8(const Params& p, int row, int col, int n,
       if (p.accumulate) x = old[j] + x;
       res[j] = from_f32<O>(x);
       bad |= !isfinite(to_f32<O>(res[j]));
+      amax.add(to_f32<O>(res[j]));
     } else {
       res[j] = from_f32<O>(0.f);
     }
@@ -271,6 +285,12 @@ __device__ __forceinline__ void store8(const Params& p, int row, int col, int n,
     for (int j = 0; j < 8; ++j)
       if (j < n) o[j] = res[j];
   }
+}
+
+template <typename T, typename O>
+__device__ __forceinline__ void store8(const Params& p, int row, int col, int n, const float (&v)[8], bool& bad) {
+  NoAmax none;
+  store8<T, O>(p, row, col, n, v, bad, none);
 }
 
 // wmma::load_matrix_sync from shared memory. NOTE: nvcc 13.0 infers the shared state space of wmma.load only for
