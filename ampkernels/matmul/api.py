@@ -595,6 +595,10 @@ def _scaled_matmul_float8(
         reason = cublas_refuses(K, N, a.device)
         if reason is not None:
             raise _error("backend", f"'cublas': {reason}; backend 'triton' or 'auto' takes any shape")
+    if name == "wgmma" and K % 16:
+        raise _error(
+            "backend", f"'wgmma': the fp8 kernel needs K multiples of 16, got K={K}; 'triton' or 'auto' takes any shape"
+        )
     rows = (*a.shape[:-1], 1)
     caller_factors = {"scale_a": scale_a, "scale_b": scale_b}  # for the overlap check: before any copy
     scale_a = _check_factor("scale_a", scale_a, a, M, ((M, 1), rows))

@@ -368,6 +368,7 @@ def _cast_tiles_kernel(
         if first_row:
             tl.store(scale_inv_ptr + offs_k, _inverse(scale), mask=mask_k)
         codes = _cast(x, scale[None, :], FP8_MAX, E4M3, SOFTWARE)
+        scale_t = scale[:, None]
     else:
         if CURRENT:
             amax = tl.load(scratch_amax)
@@ -384,12 +385,17 @@ def _cast_tiles_kernel(
         if tile == 0:
             tl.store(scale_inv_ptr, _inverse(scale))
         codes = _cast(x, scale, FP8_MAX, E4M3, SOFTWARE)
+        scale_t = scale
     if WRITE_DATA:
         tl.store(out_ptr + offs_m[:, None] * K + offs_k[None, :], codes, mask=mask)
     if WRITE_T:
+        # NOTE: the transposed tile is cast from the transposed input, not transposed as codes: on the H200 (Triton
+        # 3.6), tl.trans of the uint8 codes of an fp32 tile that was also stored untransposed wrote a quarter of the
+        # elements wrong (dev/float8/linear_probe.py); a float tile's transpose is the path the matmuls use.
+        codes_t = _cast(tl.trans(x), scale_t, FP8_MAX, E4M3, SOFTWARE)
         tl.store(
             out_t_ptr + offs_k[:, None].to(tl.int64) * M + offs_m[None, :],
-            tl.trans(codes),
+            codes_t,
             mask=mask_k[:, None] & mask_m[None, :],
         )
     if (not CURRENT) and (HAS_AMAX_OUT or HAS_FOUND_INF):
