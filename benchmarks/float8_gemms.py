@@ -6,8 +6,12 @@ with w8 [N, K] contiguous: the forward GEMM's layout, the only one cuBLAS's fp8 
 
 * bf16 cuBLAS ``torch.mm`` (the ceiling FP8 has to beat);
 * ``torch._scaled_mm`` e4m3, tensorwise (0-d scales) and rowwise ([M, 1] and [1, N] scales), bf16 output;
-* ampkernels ``scaled_matmul(a, b, scale_a=, scale_b=)`` with the same scales: the default (``auto``), ``triton`` and,
-  when the extension has it, ``wgmma``.
+* the same with ``use_fast_accum=True`` (cuBLAS's faster, less precise accumulation; not the default);
+* ampkernels ``scaled_matmul(a, b, scale_a=, scale_b=)`` with the same scales: the default (``auto``), ``triton``,
+  ``wgmma`` when the extension has it, and ``cublas`` (``torch._scaled_mm`` with fast accumulation where that stays
+  within the accuracy rule: ``ampkernels.matmul.dispatch.fast_accumulation_ok``).
+
+Ratios are to ``torch._scaled_mm`` as called by default, with the same scaling.
 
 GPU: medians of ``triton.testing.do_bench`` with bench_scaled_matmul's warm-up at the power-capped clock, the
 variants taking turns. CPU: 64³ through the reference and torch's CPU ``_scaled_mm``, wall time (a smoke run).
@@ -34,7 +38,7 @@ SHAPES = (
     (8192, 768, 3072),
 )
 CPU_SHAPES = ((64, 64, 64),)
-BF16, SCALED_MM = "bf16 cuBLAS mm", "torch._scaled_mm"
+BF16, SCALED_MM, SCALED_MM_FAST = "bf16 cuBLAS mm", "torch._scaled_mm", "torch._scaled_mm use_fast_accum"
 
 
 def _backends(device: torch.device) -> list[str]:
@@ -42,7 +46,8 @@ def _backends(device: torch.device) -> list[str]:
     if device.type != "cuda":
         return ["torch"]
     names = ["auto"] if dispatch.select("scaled_matmul_float8", device) == "auto" else []
-    return names + [n for n in ("triton", "wgmma") if dispatch.why_not("scaled_matmul_float8", n, device) is None]
+    ours = ("triton", "wgmma", "cublas")
+    return names + [n for n in ours if dispatch.why_not("scaled_matmul_float8", n, device) is None]
 
 
 def _variants(M: int, N: int, K: int, device: torch.device, backends: list[str]) -> dict[tuple[str, str], Any]:
@@ -60,6 +65,10 @@ def _variants(M: int, N: int, K: int, device: torch.device, backends: list[str])
         variants[(SCALED_MM, granularity)] = lambda sa=sa, sb=sb: torch._scaled_mm(
             a, b, sa, sb, out_dtype=torch.bfloat16
         )
+        if device.type == "cuda":  # cuBLAS's faster mode, shown for what the ratios would be against it
+            variants[(SCALED_MM_FAST, granularity)] = lambda sa=sa, sb=sb: torch._scaled_mm(
+                a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True
+            )
         for backend in backends:
             variants[(f"ampkernels {backend}", granularity)] = lambda sa=sa, sb=sb, backend=backend: scaled_matmul(
                 a, b, scale_a=sa, scale_b=sb, backend=backend

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ampkernels import dispatch, reference
-from ampkernels.matmul.dispatch import wgmma_float8_accurate
+from ampkernels.matmul.dispatch import fast_accumulation_ok
 
 _C = dispatch.native()  # importing ampkernels._C registers its ops
 
@@ -164,8 +164,8 @@ def run_and_check(
     assert not out.isnan().any(), f"{where}: NaN in the output: an element was not written (or computed wrong)"
     assert err <= 2 * fast_err + 1e-7, f"{where}: relative error {err:.3g} > 2 x torch._scaled_mm's {fast_err:.3g}"
     # Against torch._scaled_mm's default (promoted) accumulation only where "auto" offers this kernel: elsewhere
-    # its fast accumulation is outside the rule (measured; ampkernels.matmul.dispatch.wgmma_float8_accurate).
-    if wgmma_float8_accurate(K, out_dtype):
+    # its fast accumulation is outside the rule (measured; ampkernels.matmul.dispatch.fast_accumulation_ok).
+    if fast_accumulation_ok(K, out_dtype):
         assert err <= 2 * default_err + 1e-7, f"{where}: {err:.3g} > 2 x default-accumulation {default_err:.3g}"
 
     # The reference itself (fp32 math) agrees to the output's rounding.

@@ -154,17 +154,19 @@ def cublas_refuses(K: int, N: int, device: torch.device) -> str | None:
     return None
 
 
-# NOTE (H200): the fp8 wgmma kernel keeps the whole K loop in the tensor cores' reduced-precision accumulator
-# (cuBLAS's "fast accumulation"). Against torch._scaled_mm's default it measured: bf16 output 2.6e-3 vs ~1.7e-3 at
-# K = 8192 (the output's rounding dominates), fp16 output 1.3e-3 vs 2.4e-4 at K = 4096, fp32 output (a weight gradient)
-# 2.7e-3 vs 1.05e-4 at K = 16384. "auto" therefore offers it only where it stays within the accuracy rule (at most 2x
-# torch._scaled_mm's error); backend="wgmma" runs it anywhere.
-WGMMA_FLOAT8_MAX_K = 8192
+# NOTE (H200): "fast accumulation" keeps the whole K loop in the tensor cores' reduced-precision fp8 accumulator (the
+# fp8 wgmma kernel always; cuBLAS with use_fast_accum=True). Against torch._scaled_mm's default it measured: bf16
+# output 2.6e-3 vs ~1.7e-3 at K = 8192 (the output's rounding dominates), fp16 output 1.3e-3 vs 2.4e-4 at K = 4096,
+# fp32 output (a weight gradient) 2.7e-3 vs 1.05e-4 at K = 16384. It runs 2-10% faster in cuBLAS
+# (dev/matmul/wgmma/NOTES.md), so it is used where it stays within the accuracy rule (at most 2x torch._scaled_mm's
+# error): "auto" offers the wgmma kernel only there, and the cublas backend asks cuBLAS for it only there;
+# backend="wgmma" runs anywhere.
+FAST_ACCUMULATION_MAX_K = 8192
 
 
-def wgmma_float8_accurate(K: int, out_dtype: torch.dtype) -> bool:
-    """Whether the fp8 wgmma kernel's error stays within 2x torch._scaled_mm's for this K and output dtype."""
-    return out_dtype == torch.bfloat16 and K <= WGMMA_FLOAT8_MAX_K
+def fast_accumulation_ok(K: int, out_dtype: torch.dtype) -> bool:
+    """Whether fast fp8 accumulation stays within 2x torch._scaled_mm's default error for this K and output dtype."""
+    return out_dtype == torch.bfloat16 and K <= FAST_ACCUMULATION_MAX_K
 
 
 def wgmma_float8_takes(a: torch.Tensor) -> bool:
@@ -188,7 +190,7 @@ def float8_auto_backend(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, 
         name
         for name in dispatch.auto_candidates(out.device, "scaled_matmul_float8")
         if (name != "cublas" or cublas_refuses(K, N, out.device) is None)
-        and (name != "wgmma" or (wgmma_float8_accurate(K, out.dtype) and wgmma_float8_takes(a)))
+        and (name != "wgmma" or (fast_accumulation_ok(K, out.dtype) and wgmma_float8_takes(a)))
     )
     if len(candidates) == 1:
         return candidates[0]
@@ -313,6 +315,7 @@ def _cublas_float8(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, 
         and (bias is None or (bias.dtype == out.dtype and out.dtype != torch.float32))
     )
     one = _unit(out.device)
+    fast = fast_accumulation_ok(a.shape[1], out.dtype)
     if direct:
         sa = one if scale_a is None else scale_a
         sb = one if scale_b is None else scale_b
@@ -321,9 +324,9 @@ def _cublas_float8(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, 
             sb = sb.reshape(1, -1).expand(1, N).contiguous() if sb.numel() == 1 else sb.reshape(1, N)
         else:
             sa, sb = sa.reshape(()), sb.reshape(())
-        torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out.dtype, out=out)
+        torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out.dtype, out=out, use_fast_accum=fast)
         return
-    v = torch._scaled_mm(a, b, one, one, out_dtype=torch.float32)
+    v = torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=fast)
     if scale_a is not None:
         v = v * scale_a.reshape(-1, 1)
     if scale_b is not None:
