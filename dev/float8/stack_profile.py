@@ -1,0 +1,74 @@
+"""Where the time of one training step of the benchmarks' Llama-style stack goes, bf16 against FP8 (tensorwise):
+the top kernels by GPU time over two profiled steps (after warm-up), grouped into matmuls, FP8 casts, attention and
+everything else. Answers which part separates the FP8 step from its ideal (the bf16 step minus the matmul time saved).
+
+Run: ``python3 dev/float8/stack_profile.py [recipe ...]`` (CUDA needed; default: tensorwise).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.nn import functional as F
+
+import ampkernels
+from ampkernels.float8 import convert_to_float8
+from benchmarks.models import LLAMA_STACK, LlamaStack
+
+BATCH = (8, 2048)
+
+
+def _group(name: str) -> str:
+    lowered = name.lower()
+    if "float8" in lowered or "_cast_" in lowered or "amax" in lowered:
+        return "fp8 casts"
+    if "flash" in lowered or "fmha" in lowered or "attention" in lowered:
+        return "attention"
+    if "gemm" in lowered or "matmul" in lowered or "scaled_mm" in lowered or "wgmma" in lowered or "sm90" in lowered:
+        return "matmuls"
+    if "adam" in lowered or "multi_tensor" in lowered:
+        return "optimizer"
+    return "other"
+
+
+def profile(recipe: str | None) -> None:
+    torch.manual_seed(0)
+    model = LlamaStack(**LLAMA_STACK).cuda()
+    if recipe is not None:
+        convert_to_float8(model, recipe)
+    opt = ampkernels.FusedAdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(LLAMA_STACK["vocab"], BATCH, device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens)
+        F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten()).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in events) / 2e3  # ms per step
+    groups: dict[str, float] = {}
+    for e in events:
+        groups[_group(e.key)] = groups.get(_group(e.key), 0.0) + e.self_device_time_total / 2e3
+    label = recipe or "bf16"
+    print(f"== {label}: {total:.1f} ms of kernels per step; " + ", ".join(f"{k} {v:.1f}" for k, v in groups.items()))
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:22]:
+        ms = e.self_device_time_total / 2e3
+        print(f"  {ms:7.2f} ms  {e.count // 2:4d}x  [{_group(e.key)}] {e.key[:110]}")
+
+
+if __name__ == "__main__":
+    recipes = sys.argv[1:] or ["tensorwise"]
+    profile(None)
+    for recipe in recipes:
+        torch.cuda.empty_cache()  # the previous model is gone with its frame
+        profile(recipe)
