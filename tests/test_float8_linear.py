@@ -401,3 +401,36 @@ def test_data_parallel_ranks_match_one_process_bit_for_bit(tmp_path, recipe, mod
     for name, p, q0, q1 in zip([n for n, _ in model.named_parameters()], model.parameters(), *ranks):
         assert torch.equal(q0, q1), f"{mode} {name}: the ranks differ"
         assert torch.equal(q0, p.detach()), f"{mode} {name}: differs from one process"
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_layers_reading_one_input_cast_it_once(recipe, monkeypatch):
+    """q, k and v (or gate and up) read one tensor: the first layer casts it, the others reuse its casts; the
+    results are those of three separate inputs, and an input changed in place is cast anew."""
+    from ampkernels.float8 import linear
+
+    calls = []
+    for name in ("to_float8", "to_float8_pair"):
+        original = getattr(linear, name)
+        monkeypatch.setattr(linear, name, lambda *a, _f=original, _n=name, **k: calls.append((_n, a[0])) or _f(*a, **k))
+    torch.manual_seed(0)
+    layers = [Float8Linear(64, 32, recipe=recipe) for _ in range(3)]
+    x = torch.randn(32, 64, requires_grad=True)
+    outs = [layer(x) for layer in layers]
+    input_casts = [c for c in calls if c[1].data_ptr() == x.data_ptr()]
+    assert len(input_casts) == (1 if recipe == "tensorwise" else 2)  # rowwise: x and its transpose
+    torch.stack(outs).sum().backward()
+    separate = [x.detach().clone().requires_grad_() for _ in layers]
+    twins = [copy.deepcopy(layer) for layer in layers]
+    for twin, xi in zip(twins, separate):
+        twin.weight.grad = None
+        twin(xi).sum().backward()
+    for out, twin, xi in zip(outs, twins, separate):
+        assert torch.equal(out, twin(xi))
+    # (each layer's input gradient is the same bits; autograd adds the three in another order than sum())
+    torch.testing.assert_close(x.grad, sum(xi.grad for xi in separate), rtol=1e-6, atol=1e-7)
+    calls.clear()
+    with torch.no_grad():
+        x.mul_(2)
+    layers[0](x)
+    assert any(c[1].data_ptr() == x.data_ptr() for c in calls)  # changed in place: cast again

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 
 import torch
 from torch import nn
@@ -103,30 +104,65 @@ def _bias_grad(grad: torch.Tensor, bias_dtype: torch.dtype) -> torch.Tensor:
     return grad.sum(0, dtype=torch.float32).to(bias_dtype)
 
 
+class _InputCasts:
+    """The FP8 casts of the input the last Float8Linear cast with current scaling, so that the layers reading one
+    tensor (q, k and v of an attention block; gate and up of a SwiGLU MLP) reuse them instead of casting it again.
+    Matched by the tensor itself (a weak reference: the entry keeps nothing alive and goes with the tensor), its
+    version counter (a tensor changed in place is cast anew) and the cast settings. Not used while torch.compile
+    traces: its graph removes the repeated casts itself."""
+
+    def __init__(self) -> None:
+        self.ref = self.casts = self.key = None
+        self.version = -1
+
+    def get(self, x: torch.Tensor, key: tuple):
+        if torch.compiler.is_compiling() or self.ref is None or self.ref() is not x:
+            return None
+        return self.casts if self.key == key and self.version == x._version else None
+
+    def put(self, x: torch.Tensor, key: tuple, casts: tuple) -> tuple:
+        if not torch.compiler.is_compiling():
+            self.ref, self.key, self.version, self.casts = weakref.ref(x, self._forget), key, x._version, casts
+        return casts
+
+    def _forget(self, _ref) -> None:
+        self.ref = self.casts = self.key = None
+
+
+_INPUT_CASTS = _InputCasts()
+
+
 class _TensorwiseMatmul(torch.autograd.Function):
     """The three products with one scale per tensor: current scaling (``scale`` None) or delayed (``scale`` and
     ``amax``: the layer's float32 [3] buffers, indexed by INPUT, WEIGHT, GRAD_OUTPUT)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, out_dtype, scale, amax):
+    def forward(ctx, input, weight, bias, recipe, out_dtype, scale, amax):
         def site(t, i):
             return None if t is None else t[i]
 
         fwd = recipe.forward_dtype
         need_w = weight.requires_grad
-        if need_w:  # the weight gradient reads x^T: write both layouts in the one pass
+        x = input.reshape(-1, input.shape[-1])
+        key = ("tensor", fwd, need_w)
+        casts = None if scale is not None else _INPUT_CASTS.get(input, key)  # delayed: every layer its own scale
+        if casts is not None:
+            x8, xt8, x_inv = casts
+        elif need_w:  # the weight gradient reads x^T: write both layouts in the one pass
             x8, xt8, x_inv = to_float8_pair(x, fwd, scale=site(scale, INPUT), amax_out=site(amax, INPUT))
         else:
             (x8, x_inv), xt8 = to_float8(x, fwd, scale=site(scale, INPUT), amax_out=site(amax, INPUT)), None
+        if casts is None and scale is None:
+            _INPUT_CASTS.put(input, key, (x8, xt8, x_inv))
         w8, wt8, w_inv = to_float8_pair(weight, fwd, scale=site(scale, WEIGHT), amax_out=site(amax, WEIGHT))
         out = _mm(x8, w8.t(), x_inv, w_inv, bias, out_dtype)
         ctx.save_for_backward(xt8, wt8, x_inv, w_inv)
         # The delayed-scaling buffers are not saved tensors: the next forward updates them in place, which must not
         # count as modifying what this backward reads (it reads only the gradient's site).
         ctx.scale, ctx.amax = scale, amax
-        ctx.recipe, ctx.x_dtype, ctx.w_dtype = recipe, x.dtype, weight.dtype
+        ctx.recipe, ctx.x_dtype, ctx.w_dtype, ctx.x_shape = recipe, x.dtype, weight.dtype, input.shape
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return out
+        return out.view(*input.shape[:-1], out.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
@@ -134,13 +170,13 @@ class _TensorwiseMatmul(torch.autograd.Function):
         need_x, need_w, need_bias = ctx.needs_input_grad[:3]
         scale = None if ctx.scale is None else ctx.scale[GRAD_OUTPUT]
         amax = None if ctx.amax is None else ctx.amax[GRAD_OUTPUT]
-        grad = grad.contiguous()
+        grad = grad.reshape(-1, grad.shape[-1]).contiguous()
         bwd = ctx.recipe.backward_dtype
         if need_w:
             g8, gt8, g_inv = to_float8_pair(grad, bwd, scale=scale, amax_out=amax)
         else:
             g8, g_inv = to_float8(grad, bwd, scale=scale, amax_out=amax)
-        grad_x = _mm(g8, wt8.t(), g_inv, w_inv, None, ctx.x_dtype) if need_x else None
+        grad_x = _mm(g8, wt8.t(), g_inv, w_inv, None, ctx.x_dtype).view(ctx.x_shape) if need_x else None
         grad_w = _mm(gt8, xt8.t(), g_inv, x_inv, None, ctx.w_dtype) if need_w else None
         grad_bias = _bias_grad(grad, ctx.bias_dtype) if need_bias else None
         return grad_x, grad_w, grad_bias, None, None, None, None
@@ -151,30 +187,36 @@ class _RowwiseMatmul(torch.autograd.Function):
     (per column of x, over all tokens) for the weight gradient is made in the forward, so that only FP8 is saved."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, out_dtype):
+    def forward(ctx, input, weight, bias, recipe, out_dtype):
         fwd = recipe.forward_dtype
-        x8, x_inv = to_float8(x, fwd, "row")  # [M, 1]
+        x = input.reshape(-1, input.shape[-1])
+        key = ("row", fwd, weight.requires_grad)
+        casts = _INPUT_CASTS.get(input, key)
+        if casts is None:
+            x8, x_inv = to_float8(x, fwd, "row")  # [M, 1]
+            xt8 = xt_inv = None
+            if weight.requires_grad:
+                xt8, xt_inv = to_float8(x, fwd, "row", transpose=True)  # [K, M], [K, 1]
+            casts = _INPUT_CASTS.put(input, key, (x8, x_inv, xt8, xt_inv))
+        x8, x_inv, xt8, xt_inv = casts
         w8, w_inv = to_float8(weight, fwd, "row")  # [N, 1]
         out = _mm(x8, w8.t(), x_inv, w_inv.t(), bias, out_dtype)
-        xt8 = xt_inv = None
-        if weight.requires_grad:
-            xt8, xt_inv = to_float8(x, fwd, "row", transpose=True)  # [K, M], [K, 1]
         ctx.save_for_backward(xt8, xt_inv, weight)
-        ctx.recipe, ctx.x_dtype = recipe, x.dtype
+        ctx.recipe, ctx.x_dtype, ctx.x_shape = recipe, x.dtype, input.shape
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return out
+        return out.view(*input.shape[:-1], out.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
         xt8, xt_inv, weight = ctx.saved_tensors
         need_x, need_w, need_bias = ctx.needs_input_grad[:3]
-        grad = grad.contiguous()
+        grad = grad.reshape(-1, grad.shape[-1]).contiguous()
         fwd, bwd = ctx.recipe.forward_dtype, ctx.recipe.backward_dtype
         grad_x = grad_w = grad_bias = None
         if need_x:
             g8, g_inv = to_float8(grad, bwd, "row")  # [M, 1]
             wt8, wt_inv = to_float8(weight, fwd, "row", transpose=True)  # [K, N], [K, 1]
-            grad_x = _mm(g8, wt8.t(), g_inv, wt_inv.t(), None, ctx.x_dtype)
+            grad_x = _mm(g8, wt8.t(), g_inv, wt_inv.t(), None, ctx.x_dtype).view(ctx.x_shape)
         if need_w:
             gt8, gt_inv = to_float8(grad, bwd, "row", transpose=True)  # [N, M], [N, 1]
             grad_w = _mm(gt8, xt8.t(), gt_inv, xt_inv.t(), None, weight.dtype)
@@ -199,6 +241,9 @@ class Float8Linear(nn.Linear):
         non-persistent float32 [3] buffers ``float8_scale`` and ``float8_amax`` (input, weight, output gradient),
         which a :class:`Float8DelayedScaling` updates once per step; standing alone (not converted by
         :func:`convert_to_float8`) it keeps its initial scales of 1.
+
+    Layers that read one tensor (q, k and v; gate and up) cast it once with current scaling: the first casts, the
+    others reuse its casts while the tensor is unchanged.
 
     The FP8 path runs when the input has a float dtype other than float64 and every dimension of the three products
     is a multiple of 16 (tokens, ``in_features``, ``out_features``); otherwise the layer computes exactly what
@@ -249,16 +294,12 @@ class Float8Linear(nn.Linear):
             return F.linear(input, self.weight, self.bias)
         device_type = input.device.type
         out_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else input.dtype
-        x = input.reshape(-1, self.in_features)
         if self.recipe.name == "rowwise":
-            out = _RowwiseMatmul.apply(x, self.weight, self.bias, self.recipe, out_dtype)
-        elif self.recipe.name == "delayed":
-            out = _TensorwiseMatmul.apply(
-                x, self.weight, self.bias, self.recipe, out_dtype, self.float8_scale, self.float8_amax
-            )
-        else:
-            out = _TensorwiseMatmul.apply(x, self.weight, self.bias, self.recipe, out_dtype, None, None)
-        return out.view(*input.shape[:-1], self.out_features)
+            return _RowwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype)
+        if self.recipe.name == "delayed":
+            scale, amax = self.float8_scale, self.float8_amax
+            return _TensorwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, scale, amax)
+        return _TensorwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, None, None)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"
