@@ -179,8 +179,17 @@ def _stack_section(ctx: RunContext) -> dict[str, Any]:
     rows = []
     for variant in variants:
         ctx.progress.set_postfix_str(f"stack: {variant['label']}")
-        rows.append(_time_stack_variant(variant, ctx, config, batch))
+        row = _time_stack_variant(variant, ctx, config, batch)
+        rows.append(row)
         ctx.progress.update()
+        # Each row as it finishes: a run cut short by a time limit still shows what it measured.
+        if "ms" in row:
+            peak = "" if row["peak_gib"] is None else f", peak {row['peak_gib']:.1f} GiB"
+            ctx.progress.write(
+                f"float8 stack: {row['label']}: {row['ms']:.1f} ms/step{peak}, first step {row['first_step_s']:.1f} s"
+            )
+        else:
+            ctx.progress.write(f"float8 stack: {row['label']}: skipped ({row.get('skipped')})")
     base = next((r for r in rows if r["key"] == "bf16-eager" and "ms" in r), None)
     for row in rows:
         if base is not None and "ms" in row:
@@ -265,13 +274,16 @@ def run(ctx: RunContext) -> dict[str, Any]:
     ctx.progress.reset(total=len(_stack_variants(ctx)) + len(LAYER_SHAPES if on_gpu else CPU_LAYER_SHAPES) + 2)
     document: dict[str, Any] = {"mode": "gpu" if on_gpu else "cpu-small"}
     ctx.progress.set_postfix_str("casts")
+    # Each section's table is also written as it finishes, for a run cut short by a time limit.
     document["casts"] = float8_casts.run_casts(ctx)
+    ctx.progress.write(float8_casts.report_casts(document["casts"]))
     ctx.progress.update()
     ctx.progress.set_postfix_str("gemms")
     document["gemms"] = float8_gemms.run_gemms(ctx)
+    ctx.progress.write(float8_gemms.report_gemms(document["gemms"]))
     ctx.progress.update()
-    document["layers"] = _layer_section(ctx)
     document["stack"] = _stack_section(ctx)
+    document["layers"] = _layer_section(ctx)
     return document
 
 
