@@ -125,8 +125,9 @@ class _InputCasts:
             self.ref, self.key, self.version, self.casts = weakref.ref(x, self._forget), key, x._version, casts
         return casts
 
-    def _forget(self, _ref) -> None:
-        self.ref = self.casts = self.key = None
+    def _forget(self, ref) -> None:
+        if self.ref is ref:  # (an older entry's tensor dying leaves the current entry alone)
+            self.ref = self.casts = self.key = None
 
 
 _INPUT_CASTS = _InputCasts()
