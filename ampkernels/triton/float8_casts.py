@@ -57,6 +57,11 @@ ROW_ELEMENTS = 4096
 FINISH_BLOCK = 1024
 
 
+def _cdiv(a: int, b: int) -> int:
+    # NOTE: not triton.cdiv, which is a JIT function in recent Triton: calling it from Python costs ~7 us each.
+    return -(-a // b)
+
+
 def _software(device: torch.device) -> bool:
     if SOFTWARE_ROUNDING is not None:
         return SOFTWARE_ROUNDING
@@ -64,7 +69,7 @@ def _software(device: torch.device) -> bool:
 
 
 def _flat_programs(n: int, block: int, device: torch.device) -> int:
-    blocks = triton.cdiv(n, block)
+    blocks = _cdiv(n, block)
     if device.type != "cuda":
         return max(1, min(blocks, 4))  # the interpreter runs programs one after another
     return max(1, min(blocks, num_sms(device) * PROGRAMS_PER_SM))
@@ -101,7 +106,7 @@ def _amax_tensor(x: torch.Tensor, scratch: _Scratch) -> None:
 
 def _amax_tiles(x: torch.Tensor, scratch: _Scratch, per_column: bool) -> None:
     M, K = x.shape
-    grid = (triton.cdiv(M, AMAX_ROWS_PER_PROGRAM), triton.cdiv(K, AMAX_TILE_K))
+    grid = (_cdiv(M, AMAX_ROWS_PER_PROGRAM), _cdiv(K, AMAX_TILE_K))
     _amax_tiles_kernel[grid](
         x,
         M,
@@ -125,7 +130,7 @@ def _flags(amax_out, found_inf) -> dict:
 def _cast_tiles(x, out, out_t, scale, scale_inv, scratch, amax_out, found_inf, dtype, per_column) -> None:
     M, K = x.shape
     dummy = scale_inv
-    grid = (triton.cdiv(M, TILE_M) * triton.cdiv(K, TILE_K),)
+    grid = (_cdiv(M, TILE_M) * _cdiv(K, TILE_K),)
     _cast_tiles_kernel[grid](
         x,
         dummy if out is None else out.view(torch.uint8),
@@ -185,7 +190,7 @@ def _cast_rows(x, out, scale, scale_inv, amax_out, found_inf, dtype) -> None:
     block_k = min(triton.next_power_of_2(K), ROW_ELEMENTS)
     rows = max(1, min(ROW_ELEMENTS // block_k, triton.next_power_of_2(M)))
     dummy = scale_inv
-    _cast_rows_kernel[(triton.cdiv(M, rows),)](
+    _cast_rows_kernel[(_cdiv(M, rows),)](
         x,
         out.view(torch.uint8),
         M,

@@ -1,6 +1,7 @@
 """Where the time of one training step of the benchmarks' Llama-style stack goes, bf16 against FP8 (tensorwise):
 the top kernels by GPU time over two profiled steps (after warm-up), grouped into matmuls, FP8 casts, attention and
-everything else. Answers which part separates the FP8 step from its ideal (the bf16 step minus the matmul time saved).
+everything else, with the first step's time (compilation, the "auto" timings) and the wall time per step. Answers
+which part separates the FP8 step from its ideal (the bf16 step minus the matmul time saved).
 
 Run: ``python3 dev/float8/stack_profile.py [recipe ...]`` (CUDA needed; default: tensorwise).
 """
@@ -8,6 +9,7 @@ Run: ``python3 dev/float8/stack_profile.py [recipe ...]`` (CUDA needed; default:
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 from torch.nn import functional as F
@@ -34,7 +36,8 @@ def _group(name: str) -> str:
 
 def profile(recipe: str | None) -> None:
     torch.manual_seed(0)
-    model = LlamaStack(**LLAMA_STACK).cuda()
+    with torch.device("cuda"):
+        model = LlamaStack(**LLAMA_STACK)
     if recipe is not None:
         convert_to_float8(model, recipe)
     opt = ampkernels.FusedAdamW(model.parameters(), lr=1e-4)
@@ -47,9 +50,18 @@ def profile(recipe: str | None) -> None:
         F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten()).backward()
         opt.step()
 
-    for _ in range(3):
+    start = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - start
+    for _ in range(2):
         step()
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    step_ms = (time.perf_counter() - start) * 200
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(2):
             step()
@@ -60,7 +72,8 @@ def profile(recipe: str | None) -> None:
     for e in events:
         groups[_group(e.key)] = groups.get(_group(e.key), 0.0) + e.self_device_time_total / 2e3
     label = recipe or "bf16"
-    print(f"== {label}: {total:.1f} ms of kernels per step; " + ", ".join(f"{k} {v:.1f}" for k, v in groups.items()))
+    head = f"== {label}: first step {first_s:.1f} s, {step_ms:.1f} ms per step, {total:.1f} ms of kernels per step"
+    print(head + "; " + ", ".join(f"{k} {v:.1f}" for k, v in groups.items()))
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:22]:
         ms = e.self_device_time_total / 2e3
         print(f"  {ms:7.2f} ms  {e.count // 2:4d}x  [{_group(e.key)}] {e.key[:110]}")
