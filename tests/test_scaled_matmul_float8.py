@@ -138,8 +138,6 @@ def test_backend_matches_the_reference(device, backend, pair, granularity, out_d
     expected = reference.scaled_matmul_float8(a, b, scale_a, scale_b, scale, bias=bias, out_dtype=out_dtype)
     if backend == "torch":
         assert torch.equal(out, expected)
-    else:
-        _close_to_reference(out, expected, device, backend)
     ref = _ref64(a, b, scale_a, scale_b, scale, bias)
     stock = _stock(a, b, scale_a, scale_b, scale, bias, out_dtype)
     _assert_within_twice(out, stock, ref, interpreted=_interpreted(device, backend))
