@@ -406,15 +406,16 @@ def _problem(M: int, N: int, K: int) -> tuple:
 
 
 def test_auto_times_once_per_signature(monkeypatch, fresh_caches):
-    """Three candidates: timed once per signature above AUTO_MIN_MACS; below it, inside a capture and with
-    AMPKERNELS_TUNE=0 the untimed rule (cuBLAS where it takes the shape); cuBLAS left out where it refuses."""
+    """Three candidates: the native two timed once per signature above AUTO_MIN_MACS (Triton only where neither
+    takes the problem); below it, inside a capture and with AMPKERNELS_TUNE=0 the untimed rule (cuBLAS where it takes
+    the shape); cuBLAS left out where it refuses."""
     if dispatch.triton_module("scaled_matmul") is None:
         pytest.skip("triton is not installed")
     timed = []
 
     def fastest(runs, key, device):
         timed.append(sorted(runs))
-        return "triton"
+        return "wgmma"
 
     monkeypatch.setattr(dispatch, "auto_candidates", lambda device, op="scaled_matmul": ("triton", "wgmma", "cublas"))
     monkeypatch.setattr(sm_dispatch, "_fastest", fastest)
@@ -426,9 +427,9 @@ def test_auto_times_once_per_signature(monkeypatch, fresh_caches):
     assert sm_dispatch.float8_auto_backend(*_problem(8192, 8192, 8191)) == "triton"  # cuBLAS and wgmma refuse K
     assert not timed
     monkeypatch.setattr(sm_dispatch, "capturing", lambda: False)
-    assert sm_dispatch.float8_auto_backend(*_problem(8192, 8192, 8192)) == "triton"
-    assert sm_dispatch.float8_auto_backend(*_problem(8192, 8192, 8192)) == "triton"
-    assert timed == [["cublas", "triton", "wgmma"]]
+    assert sm_dispatch.float8_auto_backend(*_problem(8192, 8192, 8192)) == "wgmma"
+    assert sm_dispatch.float8_auto_backend(*_problem(8192, 8192, 8192)) == "wgmma"
+    assert timed == [["cublas", "wgmma"]]
     monkeypatch.setenv("AMPKERNELS_TUNE", "0")
     assert sm_dispatch.float8_auto_backend(*_problem(8192, 4096, 4096)) == "cublas"
     assert len(timed) == 1

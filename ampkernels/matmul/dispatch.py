@@ -182,8 +182,9 @@ def _untimed_float8(candidates: tuple[str, ...]) -> str:
 
 def float8_auto_backend(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out):
     """The backend ``"auto"`` runs for this float8 problem (arguments as :func:`launch_float8` takes them): the
-    fastest of the candidates that take it (Triton, wgmma, cuBLAS), timed on the first call of each signature above
-    ``AUTO_MIN_MACS``; :func:`_untimed_float8` below it, with AMPKERNELS_TUNE=0, and inside a CUDA graph capture."""
+    faster of wgmma and cuBLAS where they take it (Triton where neither does), timed on the first call of each
+    signature above ``AUTO_MIN_MACS``; :func:`_untimed_float8` below it, with AMPKERNELS_TUNE=0, and inside a CUDA
+    graph capture."""
     M, K = a.shape
     N = b.shape[1]
     candidates = tuple(
@@ -192,6 +193,11 @@ def float8_auto_backend(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, 
         if (name != "cublas" or cublas_refuses(K, N, out.device) is None)
         and (name != "wgmma" or (fast_accumulation_ok(K, out.dtype) and wgmma_float8_takes(a)))
     )
+    if len(candidates) > 1 and ("cublas" in candidates or "wgmma" in candidates):
+        # NOTE (H200, 2026-12-02): Triton's fp8 GEMM was the slowest backend on all six training shapes (0.79x /
+        # 0.82x torch._scaled_mm tensorwise / rowwise, cuBLAS 1.15x), and timing it compiles its configs, most of a
+        # Float8Linear model's ~20 s first step. It runs where neither native backend takes the problem.
+        candidates = tuple(name for name in candidates if name != "triton")
     if len(candidates) == 1:
         return candidates[0]
     key = (
