@@ -13,13 +13,16 @@ Ops and their backends (``BACKENDS[op]``, in order of preference):
   tensors the default is ``torch``. ``cublas`` is a name of the float8 op only: asked for with 16-bit operands it
   raises (:func:`why_not` says why).
 * ``scaled_matmul_float8`` (``scaled_matmul`` on float8 operands): ``auto`` (the fastest of Triton, wgmma and
-  cuBLAS per problem, timed on first use), ``triton`` (fp8 ``tl.dot``, sm_89+), ``wgmma`` (the native op
+  cuBLAS per problem, timed on first use; Triton only where neither native backend takes the problem), ``triton``
+  (fp8 ``tl.dot``, sm_89+), ``wgmma`` (the native op
   ``scaled_matmul_fp8_wgmma_``, in builds with sm_90a that have it), ``cublas`` (``torch._scaled_mm``, the rest of
   the epilogue in torch ops after it; on CPU tensors torch's CPU kernel), ``torch`` (the reference). On CPU tensors
   the default is ``torch``.
 * ``to_float8`` (the FP8 casts of :mod:`ampkernels.float8`): ``triton`` (CUDA tensors; CPU tensors under
   ``TRITON_INTERPRET=1`` when asked for), ``torch`` (the reference, the default on CPU tensors). There is no native
   kernel: ``AMPKERNELS_BACKEND=native`` leaves the casts on their default.
+* ``float8_fused`` (:func:`ampkernels.float8.rms_norm` and :func:`~ampkernels.float8.silu_mul`, forward and
+  backward): the same two as ``to_float8``, chosen the same way.
 
 A missing piece never breaks ``import ampkernels``: it only removes a backend, and asking for that backend by name
 raises with the reason (:func:`why_not`). The choice (:func:`select`): the backend passed by the caller, else the
@@ -34,7 +37,8 @@ Environment variables read by ampkernels (``python -m ampkernels.info`` prints t
 * ``AMPKERNELS_OPTIMIZER_BACKEND`` = native|triton|torch: FusedAdam/FusedAdamW/FusedSGD.
 * ``AMPKERNELS_SCALED_MATMUL_BACKEND`` = auto|triton|wgmma|wmma|torch: scaled_matmul and ScaledLinear.
 * ``AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND`` = auto|triton|wgmma|cublas|torch: scaled_matmul on float8 operands.
-* ``AMPKERNELS_FLOAT8_BACKEND`` = triton|torch: the FP8 casts (to_float8, to_float8_pair).
+* ``AMPKERNELS_FLOAT8_BACKEND`` = triton|torch: the FP8 casts (to_float8, to_float8_pair) and the fused producers
+  of FP8 inputs (rms_norm, silu_mul).
 * ``AMPKERNELS_TUNE`` = 1 (default) | 0: 0 turns off timing (Triton's matmul config tuning and ``auto``'s choice
   between Triton and wgmma); fixed rules decide instead.
 * ``AMPKERNELS_SCALED_MATMUL_TMA_DESC`` = device (default) | host: where the Triton matmul builds its TMA
@@ -80,6 +84,7 @@ BACKENDS: dict[str, tuple[str, ...]] = {
     "scaled_matmul": MATMUL_BACKENDS,
     "scaled_matmul_float8": FLOAT8_MATMUL_BACKENDS,
     "to_float8": FLOAT8_BACKENDS,
+    "float8_fused": FLOAT8_BACKENDS,
 }
 
 GLOBAL_VARIABLE = "AMPKERNELS_BACKEND"
@@ -90,6 +95,7 @@ VARIABLES: dict[str, str] = {
     "scaled_matmul": "AMPKERNELS_SCALED_MATMUL_BACKEND",
     "scaled_matmul_float8": "AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND",
     "to_float8": "AMPKERNELS_FLOAT8_BACKEND",
+    "float8_fused": "AMPKERNELS_FLOAT8_BACKEND",
 }
 
 #: Every environment variable ampkernels reads at run time (the docstring above says what each does).
@@ -116,6 +122,7 @@ _TRITON_MODULES = {
     "scaled_matmul": "ampkernels.triton.scaled_matmul",
     "scaled_matmul_float8": "ampkernels.triton.scaled_matmul",
     "to_float8": "ampkernels.triton.float8_casts",
+    "float8_fused": "ampkernels.triton.float8_fused",
 }
 
 
@@ -357,8 +364,7 @@ def _default(op: str, device: torch.device) -> str:
         order = (
             ("triton", "wgmma", "wmma", "torch") if op == "scaled_matmul" else ("triton", "wgmma", "cublas", "torch")
         )
-        order = ("triton", "wgmma", "wmma", "torch")
-    elif op == "to_float8":
+    elif op in ("to_float8", "float8_fused"):
         order = ("triton", "torch") if device.type == "cuda" else ("torch",)
     elif op == "adam_blockwise" and device.type == "cuda":
         # NOTE (H200, 1.1B params): Triton's blockwise step runs 8-bit moments in 5.4 ms and bfloat16 + stochastic
@@ -374,7 +380,7 @@ def select(op: str, device: torch.device | str, requested_backend: str | None = 
     run), else the op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs."""
     device = torch.device(device)
     name, source = requested(op, requested_backend)
-    if name is None or (op == "to_float8" and name == "native" and source == GLOBAL_VARIABLE):
+    if name is None or (op in ("to_float8", "float8_fused") and name == "native" and source == GLOBAL_VARIABLE):
         return _default(op, device)
     if op in ("scaled_matmul", "scaled_matmul_float8") and name == "native":
         # AMPKERNELS_BACKEND=native: the native kernel that runs here

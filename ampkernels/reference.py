@@ -760,3 +760,27 @@ def scaled_matmul_float8(
         out.copy_(result)
         return out
     return result
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Fused producers of FP8 inputs: RMSNorm and SiLU·up (ampkernels.float8.rms_norm / silu_mul)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Reference of ``ampkernels.float8.rms_norm``, Llama's RMSNorm over the last dimension: normalized in float32,
+    cast back to ``x``'s dtype, then multiplied by ``weight`` ([D]) with torch's type promotion (a bfloat16 ``x`` and a
+    float32 ``weight`` give float32)::
+
+        (x.float() * rsqrt(mean(x.float() ** 2, -1) + eps)).to(x.dtype) * weight
+    """
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    return normed.to(x.dtype) * weight
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Reference of ``ampkernels.float8.silu_mul``, SwiGLU's gate: ``silu(gate) * up`` computed in float32 and
+    rounded once to the promoted dtype of ``gate`` and ``up``."""
+    out_dtype = torch.promote_types(gate.dtype, up.dtype)
+    return (torch.nn.functional.silu(gate.float()) * up.float()).to(out_dtype)

@@ -3,6 +3,7 @@
 Sections (``python -m benchmarks --only float8``):
 
 * casts (:mod:`benchmarks.float8_casts`): each cast of ampkernels.float8 against plain torch, GB/s and % of copy;
+* fused producers (:mod:`benchmarks.float8_fused`): ``rms_norm`` and ``silu_mul`` against the model's plain torch;
 * GEMMs (:mod:`benchmarks.float8_gemms`): FP8 scaled_matmul against ``torch._scaled_mm`` and bf16 cuBLAS on the
   six training shapes of issue 18;
 * layer sizes: forward + backward of one ``nn.Linear`` of width K -> N at 16384 tokens under bf16 autocast against
@@ -10,8 +11,9 @@ Sections (``python -m benchmarks --only float8``):
   ``convert_to_float8``'s ``min_features``;
 * the training step of ``benchmarks.models.LlamaStack`` (``LLAMA_STACK``: 8 blocks of width 2048, SwiGLU 8192, 16
   heads, batch 8 x 2048 tokens) under bf16 autocast: stock bf16 eager and ``torch.compile``d (torch's fused AdamW),
-  ampkernels FP8 per recipe eager and captured whole in a CUDA graph (``ampkernels.capture_step``; FusedAdamW), and
-  torchao's float8 training compiled when torchao is installed. Per step: ms, peak memory, first-step time.
+  ampkernels bf16 and FP8 per recipe, eager and captured whole in a CUDA graph (``ampkernels.capture_step``;
+  FusedAdamW; the model's RMSNorms and SiLU-up on ``ampkernels.float8``'s fused kernels), and torchao's float8
+  training compiled when torchao is installed. Per step: ms, peak memory, first-step time.
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ def _stack_variants(ctx: RunContext) -> list[dict[str, Any]]:
     rows = [dict(key="bf16-eager", label="stock bf16, eager", fp8=None, compiled=False, graphed=False, stock=True)]
     if on_gpu:
         rows.append(dict(key="bf16-compiled", label="stock bf16, torch.compile", fp8=None, compiled=True, stock=True))
-        rows.append(dict(key="bf16-graphed", label="ampkernels bf16, graphed", fp8=None, graphed=True))
+    # The ampkernels rows build the model with the fused RMSNorm and SiLU-up (LlamaStack(fused=True)); the bf16 rows
+    # of it show what the fusion alone gives, the fp8 rows what FP8 adds on top.
+    rows.append(dict(key="bf16-fused-eager", label="ampkernels bf16 (fused norm, SiLU-up), eager", fp8=None))
+    if on_gpu:
+        rows.append(dict(key="bf16-graphed", label="ampkernels bf16 (fused norm, SiLU-up), graphed", graphed=True))
     for recipe in RECIPES:
         rows.append(dict(key=f"fp8-{recipe}-eager", label=f"ampkernels fp8 {recipe}, eager", fp8=recipe))
         if on_gpu:
@@ -101,7 +107,7 @@ def _build_stack_step(variant: dict, ctx: RunContext, config: dict, batch: tuple
 
     torch.manual_seed(0)
     with torch.device(ctx.device):  # built where it trains: 0.7 B parameters initialized on the CPU took ~10 s
-        model = LlamaStack(**config)
+        model = LlamaStack(**config, fused=not variant["stock"])
     if variant["fp8"] is not None:
         convert_to_float8(model, variant["fp8"])
     if variant["torchao"] is not None:
@@ -269,15 +275,19 @@ def _layer_section(ctx: RunContext) -> dict[str, Any]:
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    from benchmarks import float8_casts, float8_gemms
+    from benchmarks import float8_casts, float8_fused, float8_gemms
 
     on_gpu = ctx.device.type == "cuda"
-    ctx.progress.reset(total=len(_stack_variants(ctx)) + len(LAYER_SHAPES if on_gpu else CPU_LAYER_SHAPES) + 2)
+    ctx.progress.reset(total=len(_stack_variants(ctx)) + len(LAYER_SHAPES if on_gpu else CPU_LAYER_SHAPES) + 3)
     document: dict[str, Any] = {"mode": "gpu" if on_gpu else "cpu-small"}
     ctx.progress.set_postfix_str("casts")
     # Each section's table is also written as it finishes, for a run cut short by a time limit.
     document["casts"] = float8_casts.run_casts(ctx)
     ctx.progress.write(float8_casts.report_casts(document["casts"]))
+    ctx.progress.update()
+    ctx.progress.set_postfix_str("fused producers")
+    document["fused"] = float8_fused.run_fused(ctx)
+    ctx.progress.write(float8_fused.report_fused(document["fused"]))
     ctx.progress.update()
     ctx.progress.set_postfix_str("gemms")
     document["gemms"] = float8_gemms.run_gemms(ctx)
@@ -332,10 +342,11 @@ def _report_stack(section: dict[str, Any]) -> str:
 
 
 def report(document: dict[str, Any]) -> str:
-    from benchmarks import float8_casts, float8_gemms
+    from benchmarks import float8_casts, float8_fused, float8_gemms
 
     parts = [
         float8_casts.report_casts(document["casts"]),
+        float8_fused.report_fused(document.get("fused", [])),
         float8_gemms.report_gemms(document["gemms"]),
         _report_layers(document["layers"]),
         _report_stack(document["stack"]),
@@ -347,7 +358,14 @@ def summary(document: dict[str, Any]) -> list[str]:
     lines = []
     stack = {r["key"]: r for r in document["stack"]["rows"] if "ms" in r}
     base = stack.get("bf16-eager")
-    for key in ("fp8-tensorwise-eager", "fp8-tensorwise-graphed", "fp8-rowwise-eager", "fp8-delayed-eager"):
+    keys = (
+        "bf16-fused-eager",
+        "fp8-tensorwise-eager",
+        "fp8-tensorwise-graphed",
+        "fp8-rowwise-eager",
+        "fp8-delayed-eager",
+    )
+    for key in keys:
         if key in stack and base:
             r = stack[key]
             lines.append(

@@ -79,25 +79,38 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))``: [B, T, dim] -> [B, T, dim] through a hidden width ``ffn``."""
 
-    def __init__(self, dim: int, ffn: int) -> None:
+    def __init__(self, dim: int, ffn: int, fused: bool = False) -> None:
         super().__init__()
         self.gate = nn.Linear(dim, ffn, bias=False)
         self.up = nn.Linear(dim, ffn, bias=False)
         self.down = nn.Linear(ffn, dim, bias=False)
+        self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            from ampkernels.float8 import silu_mul
+
+            return self.down(silu_mul(self.gate(x), self.up(x)))
         return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def _norm(dim: int, fused: bool) -> nn.Module:
+    if fused:
+        from ampkernels.float8 import RMSNorm as FusedRMSNorm
+
+        return FusedRMSNorm(dim)
+    return RMSNorm(dim)
 
 
 class Block(nn.Module):
     """One pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``. [B, T, dim] -> [B, T, dim]."""
 
-    def __init__(self, dim: int, heads: int, kv_heads: int, ffn: int) -> None:
+    def __init__(self, dim: int, heads: int, kv_heads: int, ffn: int, fused: bool = False) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(dim)
+        self.attn_norm = _norm(dim, fused)
         self.attn = Attention(dim, heads, kv_heads)
-        self.mlp_norm = RMSNorm(dim)
-        self.mlp = SwiGLU(dim, ffn)
+        self.mlp_norm = _norm(dim, fused)
+        self.mlp = SwiGLU(dim, ffn, fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
@@ -115,13 +128,25 @@ class LlamaStack(nn.Module):
         heads: query heads.
         ffn: hidden width of the SwiGLU MLP.
         kv_heads: key/value heads (grouped-query attention); default ``heads``. Must divide ``heads``.
+        fused: the RMSNorms and SwiGLU's ``silu(gate) * up`` on ampkernels' fused kernels
+            (``ampkernels.float8.RMSNorm`` / ``silu_mul``: the same math and parameters, one kernel each way);
+            the ``state_dict`` is the same either way.
 
     Initialization (seeded by torch's default generator): every Linear and the embedding normal(0, 0.02), the
     projections that write into the residual stream (attention ``o``, MLP ``down``) scaled by 1/sqrt(2 * layers)
     as in GPT-2; RMSNorm weights 1.
     """
 
-    def __init__(self, vocab: int, dim: int, layers: int, heads: int, ffn: int, kv_heads: int | None = None) -> None:
+    def __init__(
+        self,
+        vocab: int,
+        dim: int,
+        layers: int,
+        heads: int,
+        ffn: int,
+        kv_heads: int | None = None,
+        fused: bool = False,
+    ) -> None:
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads
         if dim % heads or (dim // heads) % 2:
@@ -130,8 +155,8 @@ class LlamaStack(nn.Module):
             raise ValueError(f"LlamaStack: kv_heads ({kv_heads}) must divide heads ({heads})")
         self.config = dict(vocab=vocab, dim=dim, layers=layers, heads=heads, ffn=ffn, kv_heads=kv_heads)
         self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads, kv_heads, ffn) for _ in range(layers))
-        self.norm = RMSNorm(dim)
+        self.blocks = nn.ModuleList(Block(dim, heads, kv_heads, ffn, fused) for _ in range(layers))
+        self.norm = _norm(dim, fused)
         self.head = nn.Linear(dim, vocab, bias=False)
         self._init_weights(layers)
 

@@ -277,10 +277,11 @@ def test_float8_benchmark_smoke(tmp_path):
     assert main(["--only", "float8", "--quick", "--device", "cpu", "--out", str(tmp_path), "--no-plot"]) == 0
     (json_path,) = tmp_path.glob("float8_*.json")
     document = json.loads(json_path.read_text())
-    assert document["casts"] and document["gemms"] and document["layers"]["rows"]
+    assert document["casts"] and document["fused"] and document["gemms"] and document["layers"]["rows"]
     stack = {row["key"]: row for row in document["stack"]["rows"]}
-    assert set(stack) == {"bf16-eager"} | {f"fp8-{recipe}-eager" for recipe in bench_float8.RECIPES}
+    expected = {"bf16-eager", "bf16-fused-eager"} | {f"fp8-{recipe}-eager" for recipe in bench_float8.RECIPES}
+    assert set(stack) == expected
     assert all("ms" in row and row["losses_finite"] for row in stack.values()), stack
     report = bench_float8.report(document)
-    assert "LlamaStack training step" in report and "One layer" in report
+    assert "LlamaStack training step" in report and "One layer" in report and "Fused producers" in report
     assert any(line.startswith("Llama stack fp8 tensorwise") for line in bench_float8.summary(document))

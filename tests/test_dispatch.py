@@ -32,6 +32,7 @@ def test_every_op_has_its_backends_and_one_variable():
         "scaled_matmul",
         "scaled_matmul_float8",
         "to_float8",
+        "float8_fused",
     }
     assert set(dispatch.BACKENDS) == set(dispatch.VARIABLES)
     for op in MULTI_TENSOR_OPS:
@@ -39,6 +40,7 @@ def test_every_op_has_its_backends_and_one_variable():
     assert dispatch.BACKENDS["scaled_matmul"] == ("auto", "triton", "wgmma", "wmma", "cublas", "torch")
     assert dispatch.BACKENDS["scaled_matmul_float8"] == ("auto", "triton", "wgmma", "cublas", "torch")
     assert dispatch.BACKENDS["to_float8"] == ("triton", "torch")
+    assert dispatch.BACKENDS["float8_fused"] == ("triton", "torch")
 
 
 @pytest.mark.parametrize("op", list(dispatch.BACKENDS))

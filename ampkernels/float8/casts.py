@@ -224,6 +224,23 @@ def to_float8(
     return torch.ops.ampkernels.to_float8(x2, dtype, granularity, scale, amax_out, transpose, found_inf, name)
 
 
+def cast_with_produced_amax(
+    x: torch.Tensor, dtype: torch.dtype, amax_scratch: torch.Tensor, pair: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+    """Tensorwise current-scaling cast of a [M, K] ``x`` whose producer (:mod:`ampkernels.float8.fused`) recorded
+    its amax in ``amax_scratch``: ``(data, data_t or None, scale_inv)`` equal, bit for bit, to :func:`to_float8_pair`
+    (``pair``) or :func:`to_float8`, without their amax pass. None where that does not apply (a backend other than
+    Triton, a traced call): the caller casts as usual."""
+    if dispatch.select("to_float8", x.device) != "triton" or not _plain_eager(x):
+        return None
+    kernels = dispatch.triton_module("to_float8")
+    x = x.detach()
+    if pair:
+        return kernels.to_float8_pair(x, dtype, None, None, None, amax_scratch)
+    data, scale_inv = kernels.to_float8(x, dtype, "tensor", None, None, False, None, amax_scratch)
+    return data, None, scale_inv
+
+
 def to_float8_pair(
     x: torch.Tensor,
     dtype: torch.dtype = torch.float8_e4m3fn,

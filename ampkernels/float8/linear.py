@@ -32,7 +32,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ampkernels.float8.casts import to_float8, to_float8_pair
+from ampkernels.float8.casts import cast_with_produced_amax, to_float8, to_float8_pair
+from ampkernels.float8.fused import produced_amax
 from ampkernels.matmul.api import scaled_matmul
 from ampkernels.reference import float8_max
 
@@ -146,14 +147,18 @@ class _TensorwiseMatmul(torch.autograd.Function):
         need_w = weight.requires_grad
         x = input.reshape(-1, input.shape[-1])
         key = ("tensor", fwd, need_w)
-        casts = None if scale is not None else _INPUT_CASTS.get(input, key)  # delayed: every layer its own scale
+        cached = None if scale is not None else _INPUT_CASTS.get(input, key)  # delayed: every layer its own scale
+        casts = cached
+        if casts is None and scale is None and (produced := produced_amax(input)) is not None:
+            # The producer (a fused RMSNorm or SiLU·up) reduced x's amax as it wrote x: no amax pass here.
+            casts = cast_with_produced_amax(x, fwd, produced, pair=need_w)
         if casts is not None:
             x8, xt8, x_inv = casts
         elif need_w:  # the weight gradient reads x^T: write both layouts in the one pass
             x8, xt8, x_inv = to_float8_pair(x, fwd, scale=site(scale, INPUT), amax_out=site(amax, INPUT))
         else:
             (x8, x_inv), xt8 = to_float8(x, fwd, scale=site(scale, INPUT), amax_out=site(amax, INPUT)), None
-        if casts is None and scale is None:
+        if cached is None and scale is None:
             _INPUT_CASTS.put(input, key, (x8, xt8, x_inv))
         w8, wt8, w_inv = to_float8_pair(weight, fwd, scale=site(scale, WEIGHT), amax_out=site(amax, WEIGHT))
         out = _mm(x8, w8.t(), x_inv, w_inv, bias, out_dtype)

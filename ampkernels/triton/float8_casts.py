@@ -87,11 +87,18 @@ class _Scratch:
     """Zeroed int32 scratch (one fill): the finite amax (as float32 bits), the non-finite flags and a ticket; one
     entry each, or ``columns`` amax and flag entries."""
 
-    def __init__(self, device: torch.device, columns: int = 1) -> None:
-        buffer = torch.zeros(2 * columns + 1, dtype=torch.int32, device=device)
+    def __init__(self, device: torch.device, columns: int = 1, buffer: torch.Tensor | None = None) -> None:
+        if buffer is None:
+            buffer = torch.zeros(2 * columns + 1, dtype=torch.int32, device=device)
         self.amax = buffer[:columns].view(torch.float32)
         self.bad = buffer[columns : 2 * columns]
         self.ticket = buffer[2 * columns :]
+
+    @classmethod
+    def of(cls, buffer: torch.Tensor) -> _Scratch:
+        """The tensorwise scratch over an int32 [3] ``buffer`` (one a producer kernel of
+        ``ampkernels.triton.float8_fused`` filled with the amax of what it wrote)."""
+        return cls(buffer.device, 1, buffer)
 
 
 def _amax_tensor(x: torch.Tensor, scratch: _Scratch) -> None:
@@ -211,8 +218,10 @@ def _cast_rows(x, out, scale, scale_inv, amax_out, found_inf, dtype) -> None:
     )
 
 
-def to_float8(x, dtype, granularity, scale, amax_out, transpose, found_inf):
-    """``reference.to_float8`` on a checked [M, K] ``x`` (see the module docstring): ``(data, scale_inv)``."""
+def to_float8(x, dtype, granularity, scale, amax_out, transpose, found_inf, amax_scratch=None):
+    """``reference.to_float8`` on a checked [M, K] ``x`` (see the module docstring): ``(data, scale_inv)``.
+    ``amax_scratch``: tensorwise current scaling from the int32 [3] scratch x's producer filled with its amax (no amax
+    pass)."""
     M, K = x.shape
     device = x.device
     data = torch.empty((K, M) if transpose else (M, K), dtype=dtype, device=device)
@@ -227,8 +236,8 @@ def to_float8(x, dtype, granularity, scale, amax_out, transpose, found_inf):
         _cast_tiles(x, None, data, scale, scale_inv, scratch, amax_out, found_inf, dtype, per_column=True)
         return data, scale_inv
     scale_inv = torch.empty((), dtype=torch.float32, device=device)
-    scratch = _Scratch(device)
-    if scale is None:
+    scratch = _Scratch(device) if amax_scratch is None else _Scratch.of(amax_scratch)
+    if scale is None and amax_scratch is None:
         _amax_tensor(x, scratch)
     if transpose:
         _cast_tiles(x, None, data, scale, scale_inv, scratch, amax_out, found_inf, dtype, per_column=False)
@@ -239,15 +248,15 @@ def to_float8(x, dtype, granularity, scale, amax_out, transpose, found_inf):
     return data, scale_inv
 
 
-def to_float8_pair(x, dtype, scale, amax_out, found_inf):
+def to_float8_pair(x, dtype, scale, amax_out, found_inf, amax_scratch=None):
     """``reference.to_float8_pair`` on a checked [M, K] ``x``: ``(data [M, K], data_t [K, M], scale_inv)`` from one
-    read of x (plus the amax pass for current scaling)."""
+    read of x (plus the amax pass for current scaling, unless ``amax_scratch`` holds it: see :func:`to_float8`)."""
     M, K = x.shape
     data = torch.empty((M, K), dtype=dtype, device=x.device)
     data_t = torch.empty((K, M), dtype=dtype, device=x.device)
     scale_inv = torch.empty((), dtype=torch.float32, device=x.device)
-    scratch = _Scratch(x.device)
-    if scale is None:
+    scratch = _Scratch(x.device) if amax_scratch is None else _Scratch.of(amax_scratch)
+    if scale is None and amax_scratch is None:
         _amax_tensor(x, scratch)
     if x.element_size() >= 4:
         # NOTE (H200, Triton 3.6): for fp32 inputs the one-pass pair wrote a quarter of the transposed codes wrong

@@ -3,7 +3,9 @@ the top kernels by GPU time over two profiled steps (after warm-up), grouped int
 everything else, with the first step's time (compilation, the "auto" timings) and the wall time per step. Answers
 which part separates the FP8 step from its ideal (the bf16 step minus the matmul time saved).
 
-Run: ``python3 dev/float8/stack_profile.py [recipe ...]`` (CUDA needed; default: tensorwise).
+Run: ``python3 dev/float8/stack_profile.py [--fused] [recipe ...]`` (CUDA needed; default: tensorwise).
+``--fused`` builds the FP8 models with ampkernels' fused RMSNorm and SiLU·up (``LlamaStack(fused=True)``) and adds a
+bf16 row of the fused model.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ BATCH = (8, 2048)
 
 def _group(name: str) -> str:
     lowered = name.lower()
+    if "_rms_norm" in lowered or "_silu_mul" in lowered:
+        return "fused norm/SiLU"
     if "float8" in lowered or "_cast_" in lowered or "amax" in lowered:
         return "fp8 casts"
     if "flash" in lowered or "fmha" in lowered or "attention" in lowered:
@@ -34,10 +38,10 @@ def _group(name: str) -> str:
     return "other"
 
 
-def profile(recipe: str | None) -> None:
+def profile(recipe: str | None, fused: bool = False) -> None:
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaStack(**LLAMA_STACK)
+        model = LlamaStack(**LLAMA_STACK, fused=fused)
     if recipe is not None:
         convert_to_float8(model, recipe)
     opt = ampkernels.FusedAdamW(model.parameters(), lr=1e-4)
@@ -71,17 +75,22 @@ def profile(recipe: str | None) -> None:
     groups: dict[str, float] = {}
     for e in events:
         groups[_group(e.key)] = groups.get(_group(e.key), 0.0) + e.self_device_time_total / 2e3
-    label = recipe or "bf16"
+    label = (recipe or "bf16") + (" (fused norm, SiLU-up)" if fused else "")
     head = f"== {label}: first step {first_s:.1f} s, {step_ms:.1f} ms per step, {total:.1f} ms of kernels per step"
     print(head + "; " + ", ".join(f"{k} {v:.1f}" for k, v in groups.items()))
-    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:22]:
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:30]:
         ms = e.self_device_time_total / 2e3
         print(f"  {ms:7.2f} ms  {e.count // 2:4d}x  [{_group(e.key)}] {e.key[:110]}")
 
 
 if __name__ == "__main__":
-    recipes = sys.argv[1:] or ["tensorwise"]
+    args = sys.argv[1:]
+    fused = "--fused" in args
+    recipes = [a for a in args if a != "--fused"] or ["tensorwise"]
     profile(None)
+    if fused:
+        torch.cuda.empty_cache()
+        profile(None, fused=True)
     for recipe in recipes:
         torch.cuda.empty_cache()  # the previous model is gone with its frame
-        profile(recipe)
+        profile(recipe, fused)

@@ -1,0 +1,350 @@
+"""Fused producers of FP8 inputs: :func:`rms_norm` (and the module :class:`RMSNorm`) and :func:`silu_mul`, the
+elementwise work in front of a transformer's projections, each one kernel forward and one backward.
+
+In eager mode these are the model's own glue that torch.compile would fuse (Llama's RMSNorm in float32 is seven
+kernels forward and more backward; ``silu(gate) * up`` two and five). Each forward can also reduce the amax of
+what it writes, so that a :class:`~ampkernels.float8.Float8Linear` reading that output with current scaling takes
+its scale from there and skips its own amax pass (:func:`produced_amax`). That amax is recorded only in plain eager
+mode; the result is the same either way, bit for bit.
+
+Ops (``torch.library``, with fake implementations): ``ampkernels::rms_norm``, ``ampkernels::rms_norm_backward``,
+``ampkernels::silu_mul``, ``ampkernels::silu_mul_backward``. Backends (op ``"float8_fused"`` of
+:mod:`ampkernels.dispatch`): ``"triton"`` (the default on CUDA tensors) and ``"torch"`` (the reference's math, the
+default on CPU tensors). Semantics: :func:`ampkernels.reference.rms_norm` / :func:`~ampkernels.reference.silu_mul`.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+from torch import nn
+
+from ampkernels import dispatch, reference
+from ampkernels.matmul.api import _plain_eager
+
+__all__ = ["RMSNorm", "produced_amax", "rms_norm", "silu_mul"]
+
+_OP = "float8_fused"
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+#: Rows longer than this run on the reference's math (a Triton program holds a whole row).
+MAX_TRITON_ROW = 16384
+
+
+def _error(fn: str, argument: str, message: str) -> ValueError:
+    return ValueError(f"ampkernels.float8.{fn}: argument '{argument}': {message}")
+
+
+def _check_float(fn: str, name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"ampkernels.float8.{fn}: argument '{name}': expected a tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOATS:
+        raise _error(fn, name, f"expected float32, bfloat16 or float16, got {t.dtype}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The amax a producer recorded for the next layer's FP8 cast
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _ProducedAmax:
+    """Tensor -> the int32 [3] scratch of a tensorwise cast (finite amax bits, non-finite flag, ticket) its producer
+    filled. Matched by the tensor object (a weak reference: nothing is kept alive) and its version counter (a tensor
+    changed in place is not matched)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple] = {}
+
+    def put(self, t: torch.Tensor, scratch: torch.Tensor) -> None:
+        key = id(t)
+        self.entries[key] = (weakref.ref(t, lambda ref, key=key: self._forget(key, ref)), t._version, scratch)
+
+    def get(self, t: torch.Tensor) -> torch.Tensor | None:
+        entry = self.entries.get(id(t))
+        if entry is None or entry[0]() is not t or entry[1] != t._version:
+            return None
+        return entry[2]
+
+    def _forget(self, key: int, ref) -> None:
+        entry = self.entries.get(key)
+        if entry is not None and entry[0] is ref:
+            del self.entries[key]
+
+
+_PRODUCED = _ProducedAmax()
+
+
+def produced_amax(t: torch.Tensor) -> torch.Tensor | None:
+    """The cast scratch (int32 [3]) that :func:`rms_norm` or :func:`silu_mul` filled with the amax of ``t``, its
+    output, when ``t`` is that output unchanged; None otherwise (and always while torch.compile traces)."""
+    if torch.compiler.is_compiling():
+        return None
+    return _PRODUCED.get(t)
+
+
+def _new_scratch(like: torch.Tensor) -> torch.Tensor | None:
+    """A zeroed cast scratch when the output's amax is worth recording (plain eager, Triton backend)."""
+    if like.device.type != "cuda" and not dispatch.triton_interpreting():
+        return None
+    return torch.zeros(3, dtype=torch.int32, device=like.device)
+
+
+def _record_torch(out: torch.Tensor, scratch: torch.Tensor | None) -> None:
+    """The reference's record of the finite amax and the non-finite flag (what the kernels' atomics compute)."""
+    if scratch is None:
+        return
+    a = out.detach().float().abs()
+    finite = torch.isfinite(a)
+    amax = torch.where(finite, a, torch.zeros_like(a)).amax() if a.numel() else a.new_zeros(())
+    scratch[0:1].view(torch.float32).copy_(torch.maximum(scratch[0:1].view(torch.float32), amax.reshape(1)))
+    scratch[1:2].copy_(torch.where(finite.all(), scratch[1:2], torch.ones_like(scratch[1:2])))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# RMSNorm
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _rms_norm_torch(x, weight, eps, scratch):
+    xf = x.float()
+    rstd = torch.rsqrt(xf.square().mean(-1) + eps)
+    out = (xf * rstd[:, None]).to(x.dtype) * weight
+    _record_torch(out, scratch)
+    return out, rstd
+
+
+def _rms_norm_backward_torch(grad, x, weight, rstd):
+    xf, g = x.float(), grad.float()
+    normed = (xf * rstd[:, None]).to(x.dtype).float()
+    grad_weight = (g * normed).sum(0).to(weight.dtype)
+    gn = g * weight.float()
+    dot = (gn * xf).sum(-1, keepdim=True)
+    grad_x = rstd[:, None] * gn - (rstd**3 / x.shape[-1])[:, None] * dot * xf
+    return grad_x.to(x.dtype), grad_weight
+
+
+def _launch_rms_norm(x, weight, eps, scratch, backend):
+    if backend == "torch" or x.shape[-1] > MAX_TRITON_ROW:
+        return _rms_norm_torch(x, weight, eps, scratch)
+    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    return dispatch.triton_module(_OP).rms_norm(x, weight, eps, out_dtype, scratch)
+
+
+def _launch_rms_norm_backward(grad, x, weight, rstd, backend):
+    if backend == "torch" or x.shape[-1] > MAX_TRITON_ROW:
+        return _rms_norm_backward_torch(grad, x, weight, rstd)
+    return dispatch.triton_module(_OP).rms_norm_backward(grad, x, weight, rstd)
+
+
+@torch.library.custom_op("ampkernels::rms_norm", mutates_args=("scratch",))
+def _rms_norm_op(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, scratch: torch.Tensor | None, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, D] contiguous, weight [D] -> (out [M, D], rstd [M] float32); fills scratch with out's amax."""
+    return _launch_rms_norm(x, weight, eps, scratch, backend)
+
+
+@_rms_norm_op.register_fake
+def _(x, weight, eps, scratch, backend):
+    out = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
+    return out, x.new_empty(x.shape[:1], dtype=torch.float32)
+
+
+@torch.library.custom_op("ampkernels::rms_norm_backward", mutates_args=())
+def _rms_norm_backward_op(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (grad_x like x, grad_weight like weight)."""
+    return _launch_rms_norm_backward(grad, x, weight, rstd, backend)
+
+
+@_rms_norm_backward_op.register_fake
+def _(grad, x, weight, rstd, backend):
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, scratch, backend):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        w = weight.detach()
+        if _plain_eager(x2, scratch):
+            out, rstd = _launch_rms_norm(x2, w, eps, scratch, backend)
+        else:
+            out, rstd = torch.ops.ampkernels.rms_norm(x2, w, eps, scratch, backend)
+        ctx.save_for_backward(x2, w, rstd)
+        ctx.shape, ctx.backend = shape, backend
+        return out.view(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x2, w, rstd = ctx.saved_tensors
+        g = grad.reshape(x2.shape).contiguous()
+        if _plain_eager(g, x2):
+            grad_x, grad_w = _launch_rms_norm_backward(g, x2, w, rstd, ctx.backend)
+        else:
+            grad_x, grad_w = torch.ops.ampkernels.rms_norm_backward(g, x2, w, rstd, ctx.backend)
+        need_x, need_w = ctx.needs_input_grad[:2]
+        return (grad_x.view(ctx.shape) if need_x else None), (grad_w if need_w else None), None, None, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *, backend: str | None = None) -> torch.Tensor:
+    """Llama's RMSNorm over the last dimension in one kernel (forward and backward), differentiable in ``x`` and
+    ``weight``: ``(x.float() * rsqrt(mean(x.float()**2, -1) + eps)).to(x.dtype) * weight``
+    (:func:`ampkernels.reference.rms_norm`; the output has the promoted dtype of x and weight).
+
+    Args:
+        x: [..., D] float32, bfloat16 or float16, any strides (copied to rows when not contiguous).
+        weight: [D] float32, bfloat16 or float16 on x's device.
+        eps: added to the mean square, a float >= 0.
+        backend: ``"triton"`` or ``"torch"``; default: :mod:`ampkernels.dispatch`'s choice (op ``"float8_fused"``).
+
+    In plain eager mode on the Triton backend, the amax of the output is recorded for the next
+    :class:`~ampkernels.float8.Float8Linear` (:func:`produced_amax`).
+    """
+    fn = "rms_norm"
+    _check_float(fn, "x", x)
+    _check_float(fn, "weight", weight)
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise _error(fn, "x", f"expected [..., D] with D >= 1, got shape {list(x.shape)}")
+    if weight.shape != (x.shape[-1],):
+        raise _error(fn, "weight", f"expected shape [{x.shape[-1]}] (x's last dimension), got {list(weight.shape)}")
+    if weight.device != x.device:
+        raise _error(fn, "weight", f"expected a tensor on {x.device} (like x), got one on {weight.device}")
+    if not isinstance(eps, (int, float)) or not eps >= 0 or math.isinf(eps):
+        raise _error(fn, "eps", f"expected a finite float >= 0, got {eps!r}")
+    name = dispatch.select(_OP, x.device, dispatch.check_backend(_OP, backend))
+    if x.numel() == 0:
+        return reference.rms_norm(x, weight, eps)
+    record = name == "triton" and _plain_eager(x) and not torch.compiler.is_compiling()
+    scratch = _new_scratch(x) if record else None
+    out = _RMSNormFunction.apply(x, weight, float(eps), scratch, name)
+    if scratch is not None:
+        _PRODUCED.put(out, scratch)
+    return out
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm (normalized in float32, cast back to the input's dtype, then scaled by a learned ``[dim]``
+    weight initialized to ones) on :func:`rms_norm`'s fused kernels. Parameters and ``state_dict`` (``weight``) as
+    the usual hand-written module and as ``torch.nn.RMSNorm`` (whose rounding differs: it applies the weight before
+    casting back)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# SiLU * up
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _silu_mul_backward_torch(grad, gate, up):
+    g, gf, uf = grad.float(), gate.float(), up.float()
+    s = torch.sigmoid(gf)
+    grad_up = g * gf * s
+    grad_gate = g * uf * s * (1.0 + gf * (1.0 - s))
+    return grad_gate.to(gate.dtype), grad_up.to(up.dtype)
+
+
+def _launch_silu_mul(gate, up, scratch, backend):
+    if backend == "torch":
+        out = reference.silu_mul(gate, up)
+        _record_torch(out, scratch)
+        return out
+    out_dtype = torch.promote_types(gate.dtype, up.dtype)
+    return dispatch.triton_module(_OP).silu_mul(gate, up, out_dtype, scratch)
+
+
+def _launch_silu_mul_backward(grad, gate, up, backend):
+    if backend == "torch":
+        return _silu_mul_backward_torch(grad, gate, up)
+    return dispatch.triton_module(_OP).silu_mul_backward(grad, gate, up)
+
+
+@torch.library.custom_op("ampkernels::silu_mul", mutates_args=("scratch",))
+def _silu_mul_op(gate: torch.Tensor, up: torch.Tensor, scratch: torch.Tensor | None, backend: str) -> torch.Tensor:
+    """gate, up contiguous, one shape -> silu(gate) * up; fills scratch with its amax."""
+    return _launch_silu_mul(gate, up, scratch, backend)
+
+
+@_silu_mul_op.register_fake
+def _(gate, up, scratch, backend):
+    return gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype))
+
+
+@torch.library.custom_op("ampkernels::silu_mul_backward", mutates_args=())
+def _silu_mul_backward_op(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (grad_gate like gate, grad_up like up)."""
+    return _launch_silu_mul_backward(grad, gate, up, backend)
+
+
+@_silu_mul_backward_op.register_fake
+def _(grad, gate, up, backend):
+    return torch.empty_like(gate), torch.empty_like(up)
+
+
+class _SiluMulFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, scratch, backend):
+        g, u = gate.contiguous(), up.contiguous()
+        if _plain_eager(g, u, scratch):
+            out = _launch_silu_mul(g, u, scratch, backend)
+        else:
+            out = torch.ops.ampkernels.silu_mul(g, u, scratch, backend)
+        ctx.save_for_backward(g, u)
+        ctx.backend = backend
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        g, u = ctx.saved_tensors
+        grad = grad.contiguous()
+        if _plain_eager(grad, g, u):
+            grad_gate, grad_up = _launch_silu_mul_backward(grad, g, u, ctx.backend)
+        else:
+            grad_gate, grad_up = torch.ops.ampkernels.silu_mul_backward(grad, g, u, ctx.backend)
+        need_gate, need_up = ctx.needs_input_grad[:2]
+        return (grad_gate if need_gate else None), (grad_up if need_up else None), None, None
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """SwiGLU's gate ``silu(gate) * up`` in one kernel (forward and backward), differentiable in both: computed in
+    float32 and rounded once to the promoted dtype (:func:`ampkernels.reference.silu_mul`; torch's two kernels round
+    ``silu(gate)`` first).
+
+    Args:
+        gate, up: float32, bfloat16 or float16 tensors of one shape on one device, any strides.
+        backend: ``"triton"`` or ``"torch"``; default: :mod:`ampkernels.dispatch`'s choice (op ``"float8_fused"``).
+
+    In plain eager mode on the Triton backend, the amax of the output is recorded for the next
+    :class:`~ampkernels.float8.Float8Linear` (:func:`produced_amax`).
+    """
+    fn = "silu_mul"
+    _check_float(fn, "gate", gate)
+    _check_float(fn, "up", up)
+    if up.shape != gate.shape:
+        raise _error(fn, "up", f"expected gate's shape {list(gate.shape)}, got {list(up.shape)} (no broadcasting)")
+    if up.device != gate.device:
+        raise _error(fn, "up", f"expected a tensor on {gate.device} (like gate), got one on {up.device}")
+    name = dispatch.select(_OP, gate.device, dispatch.check_backend(_OP, backend))
+    if gate.numel() == 0:
+        return reference.silu_mul(gate, up)
+    record = name == "triton" and _plain_eager(gate, up) and not torch.compiler.is_compiling()
+    scratch = _new_scratch(gate) if record else None
+    out = _SiluMulFunction.apply(gate, up, scratch, name)
+    if scratch is not None:
+        _PRODUCED.put(out, scratch)
+    return out

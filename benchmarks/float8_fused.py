@@ -1,0 +1,127 @@
+"""The fused producers of FP8 inputs against the plain torch a model writes (called by ``benchmarks/bench_float8.py``):
+:func:`run_fused` times ``ampkernels.float8.rms_norm`` and ``silu_mul``, forward and forward + backward, on the
+LlamaStack's shapes; :func:`report_fused` prints the table.
+
+Bytes counted per row: what the op must move at least (the norm's rstd and weight are negligible):
+
+| op | forward | backward |
+|---|---|---|
+| rms_norm, float32 x and weight (the stack's residual stream) | x read, out written | grad and x read, grad_x written |
+| silu_mul, bfloat16 | gate and up read, out written | grad, gate and up read, grad_gate and grad_up written |
+
+The torch rows are the stack's own code (``benchmarks.models.RMSNorm``, ``F.silu(gate) * up``) through autograd.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from benchmarks.common import CPU_CACHE_NOTE, format_table, free_device_memory, time_interleaved
+
+TOKENS, CPU_TOKENS = 16384, 256
+DIM, FFN = 2048, 8192
+CPU_DIM, CPU_FFN = 128, 512
+
+
+def _torch_norm(x, weight):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * weight
+
+
+def _cases(device: torch.device, small: bool) -> list[dict[str, Any]]:
+    from ampkernels.float8 import rms_norm, silu_mul
+
+    tokens, dim, ffn = (CPU_TOKENS, CPU_DIM, CPU_FFN) if small else (TOKENS, DIM, FFN)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(tokens, dim, device=device, generator=gen).requires_grad_()
+    weight = (1.0 + 0.1 * torch.randn(dim, device=device, generator=gen)).requires_grad_()
+    grad_norm = torch.randn(tokens, dim, device=device, generator=gen)
+    gate = torch.randn(tokens, ffn, device=device, generator=gen).bfloat16().requires_grad_()
+    up = torch.randn(tokens, ffn, device=device, generator=gen).bfloat16().requires_grad_()
+    grad_h = torch.randn(tokens, ffn, device=device, generator=gen).bfloat16()
+    n_norm, n_h = tokens * dim, tokens * ffn
+
+    def forward_backward(fn, grad, *inputs):
+        def run():
+            for t in inputs:
+                t.grad = None
+            fn().backward(grad)
+
+        return run
+
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                fn()
+
+        return run
+
+    norm_torch, norm_ours = (lambda: _torch_norm(x, weight)), (lambda: rms_norm(x, weight))
+    silu_torch, silu_ours = (lambda: F.silu(gate) * up), (lambda: silu_mul(gate, up))
+    return [
+        dict(op="rms_norm", shape=f"{tokens}x{dim} fp32", pass_="forward", bytes=n_norm * 8,
+             torch=no_grad(norm_torch), ours=no_grad(norm_ours)),
+        dict(op="rms_norm", shape=f"{tokens}x{dim} fp32", pass_="forward + backward", bytes=n_norm * 8 + n_norm * 12,
+             torch=forward_backward(norm_torch, grad_norm, x, weight),
+             ours=forward_backward(norm_ours, grad_norm, x, weight)),
+        dict(op="silu_mul", shape=f"{tokens}x{ffn} bf16", pass_="forward", bytes=n_h * 6,
+             torch=no_grad(silu_torch), ours=no_grad(silu_ours)),
+        dict(op="silu_mul", shape=f"{tokens}x{ffn} bf16", pass_="forward + backward", bytes=n_h * 6 + n_h * 10,
+             torch=forward_backward(silu_torch, grad_h, gate, up),
+             ours=forward_backward(silu_ours, grad_h, gate, up)),
+    ]  # fmt: skip
+
+
+def run_fused(ctx) -> list[dict[str, Any]]:
+    """One row per (op, pass): ms of plain torch and of ampkernels (device time on a GPU), the bytes floor, GB/s and
+    % of copy of ampkernels, the speedup."""
+    from ampkernels import dispatch
+
+    backend = dispatch.select("float8_fused", ctx.device)
+    rows = []
+    for case in _cases(ctx.device, ctx.cpu_small):
+        timings = time_interleaved({"torch": case["torch"], "ours": case["ours"]}, ctx.device, ctx.repeats,
+                                   ctx.target_loop_s)  # fmt: skip
+        ms = {key: t.median_device_ms or t.median_wall_ms for key, t in timings.items()}
+        gbs = case["bytes"] / (ms["ours"] * 1e-3) / 1e9
+        rows.append(
+            {
+                "op": case["op"],
+                "shape": case["shape"],
+                "pass": case["pass_"],
+                "bytes": case["bytes"],
+                "torch_ms": ms["torch"],
+                "ms": ms["ours"],
+                "gbs": gbs,
+                "pct_of_copy": 100.0 * gbs / ctx.copy_bandwidth_gbs,
+                "speedup_over_torch": ms["torch"] / ms["ours"],
+                "on_gpu": not ctx.cpu_small,
+                "backend": backend,
+            }
+        )
+    free_device_memory(ctx.device)
+    return rows
+
+
+def report_fused(rows: list[dict[str, Any]]) -> str:
+    on_gpu = bool(rows) and rows[0]["on_gpu"]
+    headers = ["op", "shape", "pass", "torch ms", "ampkernels ms", "GB/s"] + (["% copy"] if on_gpu else [])
+    headers.append("vs torch")
+    table = []
+    for r in rows:
+        cells = [r["op"], r["shape"], r["pass"], f"{r['torch_ms']:.4f}", f"{r['ms']:.4f}", f"{r['gbs']:.0f}"]
+        if on_gpu:
+            cells.append(f"{r['pct_of_copy']:.0f}%")
+        table.append([*cells, f"{r['speedup_over_torch']:.2f}x"])
+    notes = ["GB/s and % copy: ampkernels' time against the bytes the op must move (module docstring)"]
+    if rows:
+        notes.append(f"ampkernels backend: {rows[-1]['backend']}")
+    if not on_gpu:
+        notes.append(CPU_CACHE_NOTE)
+    title = "Fused producers of FP8 inputs against the model's plain torch (autograd for forward + backward)"
+    return "\n".join(
+        [title, format_table(headers, table, "lll" + "r" * (len(headers) - 3)), *[f"note: {n}" for n in notes]]
+    )

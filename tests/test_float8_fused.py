@@ -1,0 +1,255 @@
+"""The fused producers of FP8 inputs (``ampkernels.float8.rms_norm`` / ``RMSNorm`` / ``silu_mul``): forward and both
+gradients against the float64 reference (no worse than twice plain torch's error), the amax they record for the
+next Float8Linear (bit-exact, and the layer's result bit for bit the same with or without it), non-finite inputs,
+argument errors, the custom ops (opcheck, torch.compile) and the fused LlamaStack.
+
+The Triton kernels run on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1`` (``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from ampkernels import dispatch, reference
+from ampkernels.float8 import Float8Linear, RMSNorm, rms_norm, silu_mul
+from ampkernels.float8 import fused as fused_module
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON_REASON = dispatch.why_not("float8_fused", "triton", DEV)
+needs_triton = pytest.mark.skipif(TRITON_REASON is not None, reason=str(TRITON_REASON))
+BACKENDS = [pytest.param("triton", marks=needs_triton), "torch"]
+
+# (x dtype, weight dtype): the stack's float32 residual stream, bf16 activations with float32 or bf16 weights, fp16.
+NORM_DTYPES = [
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.float16),
+]
+NORM_SHAPES = [(4, 33, 96), (37, 333), (16, 2048)]
+
+
+def _err(value: torch.Tensor, exact: torch.Tensor) -> float:
+    """Relative error in the max norm against a float64 result."""
+    return float((value.detach().double() - exact).abs().max() / exact.abs().max().clamp_min(1e-30))
+
+
+def _check_error(ours: torch.Tensor, stock: torch.Tensor, exact: torch.Tensor, what: str) -> None:
+    """The accuracy rule: ours within 2x plain torch's error against float64 (and never beyond one ulp of the dtype
+    where torch's own error is below that)."""
+    floor = torch.finfo(ours.dtype).eps
+    assert _err(ours, exact) <= max(2 * _err(stock, exact), floor), (what, _err(ours, exact), _err(stock, exact))
+
+
+def _norm_inputs(shape, x_dtype, w_dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen) * 3.0
+    x[..., 0] += 4.0  # a row mean far from zero, as a residual stream has
+    w = 1.0 + 0.2 * torch.randn(shape[-1], generator=gen)
+    g = torch.randn(shape, generator=gen)
+    return x.to(x_dtype).to(DEV), w.to(w_dtype).to(DEV), g.to(DEV)
+
+
+def _norm_exact(x, w, g, eps=1e-5):
+    """float64 output and gradients of Llama's RMSNorm (no rounding anywhere)."""
+    x64 = x.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    y = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps) * w64
+    y.backward(g.double())
+    return y.detach(), x64.grad, w64.grad
+
+
+def _forward_backward(fn, x, w, g):
+    x = x.clone().requires_grad_()
+    w = w.clone().requires_grad_()
+    y = fn(x, w)
+    y.backward(g.to(y.dtype))
+    return y.detach(), x.grad, w.grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+@pytest.mark.parametrize("dtypes", NORM_DTYPES, ids=lambda d: f"{d[0]}-{d[1]}".replace("torch.", ""))
+def test_rms_norm_matches_the_reference_within_torchs_error(dtypes, shape, backend):
+    x, w, g = _norm_inputs(shape, *dtypes)
+    ours = _forward_backward(lambda a, b: rms_norm(a, b, backend=backend), x, w, g)
+    stock = _forward_backward(reference.rms_norm, x, w, g)
+    exact = _norm_exact(x, w, g)
+    assert ours[0].dtype == stock[0].dtype == torch.promote_types(*dtypes)
+    assert ours[1].dtype == x.dtype and ours[2].dtype == w.dtype
+    for what, a, b, e in zip(("out", "grad_x", "grad_weight"), ours, stock, exact):
+        _check_error(a, b, e, what)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rms_norm_of_strided_input_and_module(backend):
+    """A transposed (non-contiguous) input, and RMSNorm the module: the values of the contiguous call."""
+    x, w, _ = _norm_inputs((64, 48), torch.float32, torch.float32)
+    xt, wt = x.t(), torch.linspace(0.5, 1.5, 64, device=DEV)  # [48, 64], rows not contiguous
+    assert torch.equal(rms_norm(xt, wt, backend=backend), rms_norm(xt.contiguous(), wt, backend=backend))
+    module = RMSNorm(48, eps=1e-6, device=DEV)
+    with torch.no_grad():
+        module.weight.copy_(w)
+    assert list(module.state_dict()) == ["weight"]
+    torch.testing.assert_close(module(x), reference.rms_norm(x, w, 1e-6), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(4, 7, 333), (2048,)], ids=str)
+def test_silu_mul_matches_the_reference_within_torchs_error(shape, dtype, backend):
+    gen = torch.Generator().manual_seed(1)
+    gate = (torch.randn(shape, generator=gen) * 4).to(dtype).to(DEV)
+    up = torch.randn(shape, generator=gen).to(dtype).to(DEV)
+    grad = torch.randn(shape, generator=gen).to(dtype).to(DEV)
+
+    def run(fn):
+        a, b = gate.clone().requires_grad_(), up.clone().requires_grad_()
+        out = fn(a, b)
+        out.backward(grad)
+        return out.detach(), a.grad, b.grad
+
+    ours = run(lambda a, b: silu_mul(a, b, backend=backend))
+    stock = run(lambda a, b: F.silu(a) * b)  # what a model writes: two kernels, silu rounded first
+    g64, u64 = gate.double().requires_grad_(), up.double().requires_grad_()
+    out64 = F.silu(g64) * u64
+    out64.backward(grad.double())
+    for what, a, b, e in zip(("out", "grad_gate", "grad_up"), ours, stock, (out64.detach(), g64.grad, u64.grad)):
+        assert a.dtype == dtype
+        _check_error(a, b, e, what)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The amax for the next layer
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _recorded(t: torch.Tensor) -> tuple[float, int]:
+    scratch = fused_module.produced_amax(t)
+    assert scratch is not None
+    return float(scratch[0:1].view(torch.float32)), int(scratch[1])
+
+
+@needs_triton
+@pytest.mark.parametrize("producer", ["rms_norm", "silu_mul"])
+def test_recorded_amax_is_the_outputs_finite_amax_and_flags_non_finite(producer):
+    gen = torch.Generator().manual_seed(2)
+    a = (torch.randn(40, 96, generator=gen) * 5).to(DEV)
+    b = torch.randn(40, 96, generator=gen).to(DEV)
+
+    def produce(a):
+        return rms_norm(a, b[0], backend="triton") if producer == "rms_norm" else silu_mul(a, b, backend="triton")
+
+    out = produce(a)
+    amax, bad = _recorded(out)
+    assert amax == float(out.abs().amax()) and bad == 0  # bit-exact: the amax of what was stored
+    a[3, 5] = float("nan")
+    a[7, 1] = float("inf")
+    out = produce(a)
+    amax, bad = _recorded(out)
+    finite = out[torch.isfinite(out)]
+    assert bad == 1 and amax == float(finite.abs().amax())
+    assert fused_module.produced_amax(out.clone()) is None  # another tensor
+    with torch.no_grad():
+        out.mul_(2)
+    assert fused_module.produced_amax(out) is None  # changed in place
+
+
+@needs_triton
+@pytest.mark.parametrize("producer", ["rms_norm", "silu_mul"])
+def test_float8_linear_after_a_producer_skips_its_amax_pass_bit_for_bit(producer, monkeypatch):
+    """A Float8Linear reading a producer's output takes the recorded amax (no amax pass) and computes exactly what it
+    computes on a copy of that output (which has no record), forward and backward."""
+    from ampkernels.float8 import casts, linear
+
+    monkeypatch.setenv("AMPKERNELS_FLOAT8_BACKEND", "triton")  # (on the CPU: the casts in the interpreter too)
+    taken = []
+    original = casts.cast_with_produced_amax
+    monkeypatch.setattr(linear, "cast_with_produced_amax", lambda *a, **k: taken.append(1) or original(*a, **k))
+    torch.manual_seed(0)
+    layer = Float8Linear(96, 48, device=DEV)
+    twin = copy.deepcopy(layer)
+    gen = torch.Generator().manual_seed(3)
+    a = (torch.randn(2, 32, 96, generator=gen) * 3).to(DEV).requires_grad_()
+    b = torch.randn(2, 32, 96, generator=gen).to(DEV)
+    h = rms_norm(a, b[0, 0]) if producer == "rms_norm" else silu_mul(a, b)
+    out = layer(h)
+    assert taken == [1]
+    copy_in = h.detach().clone().requires_grad_()
+    expected = twin(copy_in)
+    assert len(taken) == 1
+    assert torch.equal(out, expected)
+    grad = torch.randn(out.shape, generator=gen).to(DEV)
+    out.backward(grad)
+    expected.backward(grad)
+    assert torch.equal(layer.weight.grad, twin.weight.grad)
+    assert a.grad is not None and torch.isfinite(a.grad).all()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Errors, ops, torch.compile, the model
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_arguments_are_checked_by_name():
+    x = torch.randn(4, 8, device=DEV)
+    w = torch.ones(8, device=DEV)
+    with pytest.raises(ValueError, match="argument 'weight'.*shape \\[8\\]"):
+        rms_norm(x, torch.ones(7, device=DEV))
+    with pytest.raises(ValueError, match="argument 'x'"):
+        rms_norm(x.long(), w)
+    with pytest.raises(ValueError, match="argument 'eps'"):
+        rms_norm(x, w, -1.0)
+    with pytest.raises(ValueError, match="argument 'backend'"):
+        rms_norm(x, w, backend="cuda")
+    with pytest.raises(ValueError, match="argument 'up'.*no broadcasting"):
+        silu_mul(x, x[:, :1])
+    with pytest.raises(TypeError, match="argument 'gate'"):
+        silu_mul([1.0], x)
+    with pytest.raises(ValueError, match="argument 'gate'"):
+        silu_mul(x.double(), x.double())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_custom_ops_pass_opcheck(backend):
+    x, w, g = _norm_inputs((8, 32), torch.bfloat16, torch.float32)
+    out, rstd = torch.ops.ampkernels.rms_norm(x, w, 1e-5, None, backend)
+    torch.library.opcheck(torch.ops.ampkernels.rms_norm, (x, w, 1e-5, None, backend))
+    torch.library.opcheck(torch.ops.ampkernels.rms_norm_backward, (g.to(out.dtype), x, w, rstd, backend))
+    gate, up = x.clone(), (x * 0.5).contiguous()
+    torch.library.opcheck(torch.ops.ampkernels.silu_mul, (gate, up, None, backend))
+    torch.library.opcheck(torch.ops.ampkernels.silu_mul_backward, (x, gate, up, backend))
+
+
+def test_compiled_calls_match_eager():
+    x, w, g = _norm_inputs((16, 64), torch.float32, torch.float32)
+
+    def fn(a, b):
+        return silu_mul(rms_norm(a, b), a)
+
+    eager = _forward_backward(fn, x, w, g)
+    compiled = _forward_backward(torch.compile(fn, backend="aot_eager", fullgraph=True), x, w, g)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_llama_stack_has_the_plain_state_dict_and_values():
+    from benchmarks.models import tiny_llama
+
+    torch.manual_seed(0)
+    plain = tiny_llama().to(DEV)
+    fused = tiny_llama(fused=True).to(DEV)
+    fused.load_state_dict(plain.state_dict())
+    assert list(fused.state_dict()) == list(plain.state_dict())
+    tokens = torch.randint(128, (2, 32), device=DEV)
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        a, b = plain(tokens), fused(tokens)
+    (a.float().square().mean()).backward()
+    (b.float().square().mean()).backward()
+    torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2)
+    for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-4, msg=name)
