@@ -784,3 +784,21 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     rounded once to the promoted dtype of ``gate`` and ``up``."""
     out_dtype = torch.promote_types(gate.dtype, up.dtype)
     return (torch.nn.functional.silu(gate.float()) * up.float()).to(out_dtype)
+
+
+def rotary_tables(positions: int, half: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 (cos, sin) [positions, half] of the angles ``t * base ** (-i / half)`` (computed as Llama's port
+    does: the inverse frequencies, then the outer product with the positions, in float32)."""
+    inv_freq = base ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+    angles = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq
+    return angles.cos(), angles.sin()
+
+
+def rotary_embedding(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Reference of ``ampkernels.float8.rotary_embedding``: rotary position embedding of ``x`` ([..., T, D], D even)
+    in the half-split layout: the pairs ``(x[..., i], x[..., i + D/2])`` at position t (dimension -2) rotated by
+    :func:`rotary_tables`' angle, in float32 (the tables unrounded), rounded once to ``x``'s dtype."""
+    half = x.shape[-1] // 2
+    cos, sin = rotary_tables(x.shape[-2], half, base, x.device)
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)

@@ -12,7 +12,7 @@ Sections (``python -m benchmarks --only float8``):
 * the training step of ``benchmarks.models.LlamaStack`` (``LLAMA_STACK``: 8 blocks of width 2048, SwiGLU 8192, 16
   heads, batch 8 x 2048 tokens) under bf16 autocast: stock bf16 eager and ``torch.compile``d (torch's fused AdamW),
   ampkernels bf16 and FP8 per recipe, eager and captured whole in a CUDA graph (``ampkernels.capture_step``;
-  FusedAdamW; the model's RMSNorms and SiLU-up on ``ampkernels.float8``'s fused kernels), and torchao's float8
+  FusedAdamW; the model's RMSNorms, RoPE and SiLU-up on ``ampkernels.float8``'s fused kernels), and torchao's float8
   training compiled when torchao is installed. Per step: ms, peak memory, first-step time.
 """
 
@@ -69,11 +69,13 @@ def _stack_variants(ctx: RunContext) -> list[dict[str, Any]]:
     rows = [dict(key="bf16-eager", label="stock bf16, eager", fp8=None, compiled=False, graphed=False, stock=True)]
     if on_gpu:
         rows.append(dict(key="bf16-compiled", label="stock bf16, torch.compile", fp8=None, compiled=True, stock=True))
-    # The ampkernels rows build the model with the fused RMSNorm and SiLU-up (LlamaStack(fused=True)); the bf16 rows
-    # of it show what the fusion alone gives, the fp8 rows what FP8 adds on top.
-    rows.append(dict(key="bf16-fused-eager", label="ampkernels bf16 (fused norm, SiLU-up), eager", fp8=None))
+    # The ampkernels rows build the model with the fused RMSNorm, RoPE and SiLU-up (LlamaStack(fused=True)); its bf16
+    # rows show what the fusion alone gives, the fp8 rows what FP8 adds on top.
+    rows.append(dict(key="bf16-fused-eager", label="ampkernels bf16 (fused norm, RoPE, SiLU-up), eager", fp8=None))
     if on_gpu:
-        rows.append(dict(key="bf16-graphed", label="ampkernels bf16 (fused norm, SiLU-up), graphed", graphed=True))
+        rows.append(
+            dict(key="bf16-graphed", label="ampkernels bf16 (fused norm, RoPE, SiLU-up), graphed", graphed=True)
+        )
     for recipe in RECIPES:
         rows.append(dict(key=f"fp8-{recipe}-eager", label=f"ampkernels fp8 {recipe}, eager", fp8=recipe))
         if on_gpu:

@@ -8,8 +8,10 @@ Bytes counted per row: what the op must move at least (the norm's rstd and weigh
 |---|---|---|
 | rms_norm, float32 x and weight (the stack's residual stream) | x read, out written | grad and x read, grad_x written |
 | silu_mul, bfloat16 | gate and up read, out written | grad, gate and up read, grad_gate and grad_up written |
+| rotary_embedding, bf16 q [B, heads, T, 128], a transposed view | q read, out written | grad read, grad_q written |
 
-The torch rows are the stack's own code (``benchmarks.models.RMSNorm``, ``F.silu(gate) * up``) through autograd.
+The torch rows are the stack's own code (``benchmarks.models.RMSNorm``, ``F.silu(gate) * up``,
+``benchmarks.models.rotary``) through autograd.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from benchmarks.common import CPU_CACHE_NOTE, format_table, free_device_memory, 
 TOKENS, CPU_TOKENS = 16384, 256
 DIM, FFN = 2048, 8192
 CPU_DIM, CPU_FFN = 128, 512
+BATCH, HEAD_DIM = 8, 128
 
 
 def _torch_norm(x, weight):
@@ -32,7 +35,8 @@ def _torch_norm(x, weight):
 
 
 def _cases(device: torch.device, small: bool) -> list[dict[str, Any]]:
-    from ampkernels.float8 import rms_norm, silu_mul
+    from ampkernels.float8 import rms_norm, rotary_embedding, silu_mul
+    from benchmarks.models import rotary
 
     tokens, dim, ffn = (CPU_TOKENS, CPU_DIM, CPU_FFN) if small else (TOKENS, DIM, FFN)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -43,6 +47,10 @@ def _cases(device: torch.device, small: bool) -> list[dict[str, Any]]:
     up = torch.randn(tokens, ffn, device=device, generator=gen).bfloat16().requires_grad_()
     grad_h = torch.randn(tokens, ffn, device=device, generator=gen).bfloat16()
     n_norm, n_h = tokens * dim, tokens * ffn
+    heads = dim // HEAD_DIM
+    q = torch.randn(BATCH, tokens // BATCH, heads, HEAD_DIM, device=device, generator=gen).bfloat16()
+    q = q.transpose(1, 2).requires_grad_()  # [B, heads, T, head_dim] as the attention reads it
+    grad_q = torch.randn(q.shape, device=device, generator=gen).bfloat16()
 
     def forward_backward(fn, grad, *inputs):
         def run():
@@ -61,6 +69,7 @@ def _cases(device: torch.device, small: bool) -> list[dict[str, Any]]:
 
     norm_torch, norm_ours = (lambda: _torch_norm(x, weight)), (lambda: rms_norm(x, weight))
     silu_torch, silu_ours = (lambda: F.silu(gate) * up), (lambda: silu_mul(gate, up))
+    rope_torch, rope_ours = (lambda: rotary(q)), (lambda: rotary_embedding(q))
     return [
         dict(op="rms_norm", shape=f"{tokens}x{dim} fp32", pass_="forward", bytes=n_norm * 8,
              torch=no_grad(norm_torch), ours=no_grad(norm_ours)),
@@ -72,6 +81,10 @@ def _cases(device: torch.device, small: bool) -> list[dict[str, Any]]:
         dict(op="silu_mul", shape=f"{tokens}x{ffn} bf16", pass_="forward + backward", bytes=n_h * 6 + n_h * 10,
              torch=forward_backward(silu_torch, grad_h, gate, up),
              ours=forward_backward(silu_ours, grad_h, gate, up)),
+        dict(op="rotary_embedding", shape=f"{list(q.shape)} bf16", pass_="forward", bytes=n_norm * 4,
+             torch=no_grad(rope_torch), ours=no_grad(rope_ours)),
+        dict(op="rotary_embedding", shape=f"{list(q.shape)} bf16", pass_="forward + backward", bytes=n_norm * 8,
+             torch=forward_backward(rope_torch, grad_q, q), ours=forward_backward(rope_ours, grad_q, q)),
     ]  # fmt: skip
 
 
@@ -121,7 +134,7 @@ def report_fused(rows: list[dict[str, Any]]) -> str:
         notes.append(f"ampkernels backend: {rows[-1]['backend']}")
     if not on_gpu:
         notes.append(CPU_CACHE_NOTE)
-    title = "Fused producers of FP8 inputs against the model's plain torch (autograd for forward + backward)"
+    title = "Fused RMSNorm, SiLU-up and RoPE against the model's plain torch (autograd for forward + backward)"
     return "\n".join(
         [title, format_table(headers, table, "lll" + "r" * (len(headers) - 3)), *[f"note: {n}" for n in notes]]
     )

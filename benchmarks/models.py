@@ -58,9 +58,10 @@ class Attention(nn.Module):
     """Causal multi-head self-attention with rotary embeddings; ``kv_heads < heads`` is grouped-query attention
     (every ``heads // kv_heads`` query heads share one key/value head). [B, T, dim] -> [B, T, dim]."""
 
-    def __init__(self, dim: int, heads: int, kv_heads: int) -> None:
+    def __init__(self, dim: int, heads: int, kv_heads: int, fused: bool = False) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.fused = fused
         self.q = nn.Linear(dim, heads * self.head_dim, bias=False)
         self.k = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.v = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
@@ -72,7 +73,11 @@ class Attention(nn.Module):
         k = self.k(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         gqa = self.kv_heads != self.heads
-        out = F.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True, enable_gqa=gqa)
+        if self.fused:
+            from ampkernels.float8 import rotary_embedding as rope
+        else:
+            rope = rotary
+        out = F.scaled_dot_product_attention(rope(q, ROPE_BASE), rope(k, ROPE_BASE), v, is_causal=True, enable_gqa=gqa)
         return self.o(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -108,7 +113,7 @@ class Block(nn.Module):
     def __init__(self, dim: int, heads: int, kv_heads: int, ffn: int, fused: bool = False) -> None:
         super().__init__()
         self.attn_norm = _norm(dim, fused)
-        self.attn = Attention(dim, heads, kv_heads)
+        self.attn = Attention(dim, heads, kv_heads, fused)
         self.mlp_norm = _norm(dim, fused)
         self.mlp = SwiGLU(dim, ffn, fused)
 
@@ -128,9 +133,9 @@ class LlamaStack(nn.Module):
         heads: query heads.
         ffn: hidden width of the SwiGLU MLP.
         kv_heads: key/value heads (grouped-query attention); default ``heads``. Must divide ``heads``.
-        fused: the RMSNorms and SwiGLU's ``silu(gate) * up`` on ampkernels' fused kernels
-            (``ampkernels.float8.RMSNorm`` / ``silu_mul``: the same math and parameters, one kernel each way);
-            the ``state_dict`` is the same either way.
+        fused: the RMSNorms, the rotary embeddings and SwiGLU's ``silu(gate) * up`` on ampkernels' fused kernels
+            (``ampkernels.float8.RMSNorm`` / ``rotary_embedding`` / ``silu_mul``: the same math and parameters, one
+            kernel each way, rounded once); the ``state_dict`` is the same either way.
 
     Initialization (seeded by torch's default generator): every Linear and the embedding normal(0, 0.02), the
     projections that write into the residual stream (attention ``o``, MLP ``down``) scaled by 1/sqrt(2 * layers)

@@ -283,5 +283,5 @@ def test_float8_benchmark_smoke(tmp_path):
     assert set(stack) == expected
     assert all("ms" in row and row["losses_finite"] for row in stack.values()), stack
     report = bench_float8.report(document)
-    assert "LlamaStack training step" in report and "One layer" in report and "Fused producers" in report
+    assert "LlamaStack training step" in report and "One layer" in report and "Fused RMSNorm" in report
     assert any(line.startswith("Llama stack fp8 tensorwise") for line in bench_float8.summary(document))

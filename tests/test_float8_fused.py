@@ -1,7 +1,8 @@
-"""The fused producers of FP8 inputs (``ampkernels.float8.rms_norm`` / ``RMSNorm`` / ``silu_mul``): forward and both
-gradients against the float64 reference (no worse than twice plain torch's error), the amax they record for the
-next Float8Linear (bit-exact, and the layer's result bit for bit the same with or without it), non-finite inputs,
-argument errors, the custom ops (opcheck, torch.compile) and the fused LlamaStack.
+"""The fused kernels of ``ampkernels.float8.fused``: the producers of FP8 inputs (``rms_norm`` / ``RMSNorm``,
+``silu_mul``) and ``rotary_embedding``. Forward and gradients against float64 (no worse than twice plain torch's
+error), the amax the producers record for the next Float8Linear (bit-exact, and the layer's result bit for bit the
+same with or without it), non-finite inputs, argument errors, the custom ops (opcheck, torch.compile) and the fused
+LlamaStack.
 
 The Triton kernels run on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1`` (``tests/conftest.py``).
 """
@@ -15,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from ampkernels import dispatch, reference
-from ampkernels.float8 import Float8Linear, RMSNorm, rms_norm, silu_mul
+from ampkernels.float8 import Float8Linear, RMSNorm, rms_norm, rotary_embedding, silu_mul
 from ampkernels.float8 import fused as fused_module
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -123,6 +124,67 @@ def test_silu_mul_matches_the_reference_within_torchs_error(shape, dtype, backen
         _check_error(a, b, e, what)
 
 
+def _rope_exact(x, grad, base=10000.0):
+    """float64 rotary embedding of x (half-split) and its input gradient."""
+    half, T = x.shape[-1] // 2, x.shape[-2]
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float64) / half)
+    angles = (torch.arange(T, dtype=torch.float64)[:, None] * inv_freq).to(x.device)
+    cos, sin = angles.cos(), angles.sin()
+    x64 = x.detach().double().requires_grad_()
+    x1, x2 = x64[..., :half], x64[..., half:]
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    out.backward(grad.double())
+    return out.detach(), x64.grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    "layout", ["attention", "contiguous", "3d", "odd_half"], ids=["transposed-BHTD", "BHTD", "HTD", "half-9"]
+)
+def test_rotary_embedding_matches_the_reference_within_torchs_error(layout, dtype, backend):
+    """As the attention block calls it (q [B, heads, T, D] a transposed view of [B, T, heads, D]) and other layouts:
+    the output keeps x's layout; values and input gradient within 2x the error of the model's torch code."""
+    from benchmarks.models import rotary
+
+    gen = torch.Generator().manual_seed(4)
+    if layout == "attention":
+        x = torch.randn(2, 40, 3, 32, generator=gen).transpose(1, 2)
+    elif layout == "contiguous":
+        x = torch.randn(2, 3, 40, 32, generator=gen)
+    elif layout == "3d":
+        x = torch.randn(3, 40, 32, generator=gen)
+    else:
+        x = torch.randn(2, 2, 17, 18, generator=gen)
+    x = (x * 2).to(dtype).to(DEV)
+    grad = torch.randn(x.shape, generator=gen).to(dtype).to(DEV)
+
+    def run(fn):
+        leaf = x.detach().clone().requires_grad_() if layout != "attention" else x.detach().requires_grad_()
+        out = fn(leaf)
+        out.backward(grad)
+        return out.detach(), leaf.grad
+
+    ours = run(lambda t: rotary_embedding(t, backend=backend))
+    stock = run(rotary)
+    exact = _rope_exact(x, grad)
+    assert ours[0].shape == x.shape and ours[0].dtype == dtype
+    if layout == "attention" and backend == "triton":
+        assert ours[0].stride() == x.stride()  # the layout attention reads, no copy
+    for what, a, b, e in zip(("out", "grad_x"), ours, stock, exact):
+        _check_error(a, b, e, what)
+
+
+def test_rotary_embedding_arguments_are_checked_by_name():
+    x = torch.randn(2, 4, 6, device=DEV)
+    with pytest.raises(ValueError, match="argument 'x'.*D even"):
+        rotary_embedding(x[..., :5])
+    with pytest.raises(ValueError, match="argument 'base'"):
+        rotary_embedding(x, 0.0)
+    with pytest.raises(ValueError, match="argument 'x'"):
+        rotary_embedding(x.long())
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The amax for the next layer
 # --------------------------------------------------------------------------------------------------------------------
@@ -223,13 +285,16 @@ def test_custom_ops_pass_opcheck(backend):
     gate, up = x.clone(), (x * 0.5).contiguous()
     torch.library.opcheck(torch.ops.ampkernels.silu_mul, (gate, up, None, backend))
     torch.library.opcheck(torch.ops.ampkernels.silu_mul_backward, (x, gate, up, backend))
+    cos, sin = reference.rotary_tables(32, 8, 10000.0, DEV)
+    q = torch.randn(2, 3, 32, 16, device=DEV).bfloat16()
+    torch.library.opcheck(torch.ops.ampkernels.rotary, (q, cos, sin, False, backend))
 
 
 def test_compiled_calls_match_eager():
     x, w, g = _norm_inputs((16, 64), torch.float32, torch.float32)
 
     def fn(a, b):
-        return silu_mul(rms_norm(a, b), a)
+        return rotary_embedding(silu_mul(rms_norm(a, b), a).view(2, 8, 64)).view(16, 64)
 
     eager = _forward_backward(fn, x, w, g)
     compiled = _forward_backward(torch.compile(fn, backend="aot_eager", fullgraph=True), x, w, g)

@@ -1,11 +1,11 @@
 """FP8 training on the Tensor Cores, fast in eager mode: fused casts (:func:`to_float8`, :func:`to_float8_pair`),
 FP8 operands in :func:`ampkernels.scaled_matmul`, :class:`Float8Linear` with :func:`convert_to_float8`, and the
-fused producers of its inputs (:func:`rms_norm` / :class:`RMSNorm`, :func:`silu_mul`).
+fused producers of its inputs (:func:`rms_norm` / :class:`RMSNorm`, :func:`silu_mul`) and :func:`rotary_embedding`.
 See docs/float8.md."""
 
 from ampkernels.float8.casts import to_float8, to_float8_pair
 from ampkernels.float8.convert import convert_to_float8
-from ampkernels.float8.fused import RMSNorm, rms_norm, silu_mul
+from ampkernels.float8.fused import RMSNorm, rms_norm, rotary_embedding, silu_mul
 from ampkernels.float8.linear import Float8DelayedScaling, Float8Linear, Float8Recipe
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "RMSNorm",
     "convert_to_float8",
     "rms_norm",
+    "rotary_embedding",
     "silu_mul",
     "to_float8",
     "to_float8_pair",

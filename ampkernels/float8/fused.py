@@ -1,5 +1,6 @@
-"""Fused producers of FP8 inputs: :func:`rms_norm` (and the module :class:`RMSNorm`) and :func:`silu_mul`, the
-elementwise work in front of a transformer's projections, each one kernel forward and one backward.
+"""Fused producers of FP8 inputs, :func:`rms_norm` (and the module :class:`RMSNorm`) and :func:`silu_mul`, and the
+rest of the elementwise work around a transformer's FP8 projections (:func:`rotary_embedding`), each one kernel
+forward and one backward.
 
 In eager mode these are the model's own glue that torch.compile would fuse (Llama's RMSNorm in float32 is seven
 kernels forward and more backward; ``silu(gate) * up`` two and five). Each forward can also reduce the amax of
@@ -8,9 +9,10 @@ its scale from there and skips its own amax pass (:func:`produced_amax`). That a
 mode; the result is the same either way, bit for bit.
 
 Ops (``torch.library``, with fake implementations): ``ampkernels::rms_norm``, ``ampkernels::rms_norm_backward``,
-``ampkernels::silu_mul``, ``ampkernels::silu_mul_backward``. Backends (op ``"float8_fused"`` of
+``ampkernels::silu_mul``, ``ampkernels::silu_mul_backward``, ``ampkernels::rotary``. Backends (op ``"float8_fused"`` of
 :mod:`ampkernels.dispatch`): ``"triton"`` (the default on CUDA tensors) and ``"torch"`` (the reference's math, the
-default on CPU tensors). Semantics: :func:`ampkernels.reference.rms_norm` / :func:`~ampkernels.reference.silu_mul`.
+default on CPU tensors). Semantics: :func:`ampkernels.reference.rms_norm`, :func:`~ampkernels.reference.silu_mul`,
+:func:`~ampkernels.reference.rotary_embedding`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch import nn
 from ampkernels import dispatch, reference
 from ampkernels.matmul.api import _plain_eager
 
-__all__ = ["RMSNorm", "produced_amax", "rms_norm", "silu_mul"]
+__all__ = ["RMSNorm", "produced_amax", "rms_norm", "rotary_embedding", "silu_mul"]
 
 _OP = "float8_fused"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -348,3 +350,98 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None
     if scratch is not None:
         _PRODUCED.put(out, scratch)
     return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Rotary position embedding
+# --------------------------------------------------------------------------------------------------------------------
+
+_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_MAX_TABLES = 16
+
+
+def _tables(positions: int, half: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """reference.rotary_tables, kept per (positions, half, base, device) in plain eager mode (two small kernels
+    less per call)."""
+    if torch.compiler.is_compiling():
+        return reference.rotary_tables(positions, half, base, device)
+    key = (positions, half, base, device)
+    tables = _TABLES.get(key)
+    if tables is None:
+        if len(_TABLES) >= _MAX_TABLES:
+            _TABLES.clear()
+        tables = _TABLES[key] = reference.rotary_tables(positions, half, base, device)
+    return tables
+
+
+def _rotary_torch(x, cos, sin, inverse):
+    half = x.shape[-1] // 2
+    s = -sin if inverse else sin
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat((x1 * cos - x2 * s, x1 * s + x2 * cos), dim=-1).to(x.dtype)
+
+
+def _launch_rotary(x, cos, sin, inverse, backend):
+    if backend == "torch":
+        return _rotary_torch(x, cos, sin, inverse)
+    return dispatch.triton_module(_OP).rotary(x, cos, sin, inverse)
+
+
+@torch.library.custom_op("ampkernels::rotary", mutates_args=())
+def _rotary_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool, backend: str) -> torch.Tensor:
+    """x [B, H, T, D] rotated by the float32 tables [T, D / 2] (``inverse``: by minus the angles)."""
+    return _launch_rotary(x, cos, sin, inverse, backend)
+
+
+@_rotary_op.register_fake
+def _(x, cos, sin, inverse, backend):
+    return torch.empty_like(x)
+
+
+def _rotate(x, cos, sin, inverse, backend):
+    if _plain_eager(x):
+        return _launch_rotary(x, cos, sin, inverse, backend)
+    return torch.ops.ampkernels.rotary(x, cos, sin, inverse, backend)
+
+
+class _RotaryFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin, backend):
+        ctx.save_for_backward(cos, sin)
+        ctx.backend = backend
+        return _rotate(x, cos, sin, False, backend)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, sin, True, ctx.backend), None, None, None
+
+
+def rotary_embedding(x: torch.Tensor, base: float = 10000.0, *, backend: str | None = None) -> torch.Tensor:
+    """Rotary position embedding in the half-split layout of Llama's Hugging Face port, one kernel forward and one
+    backward, differentiable in ``x``: the pairs ``(x[..., i], x[..., i + D/2])`` at position t (dimension -2) turn
+    by the angle ``t * base ** (-i / (D/2))``, in float32 and rounded once
+    (:func:`ampkernels.reference.rotary_embedding`; torch written out rounds the tables and each product).
+
+    Args:
+        x: [..., T, D] float32, bfloat16 or float16 with D even, any strides ([B, heads, T, head_dim] as a
+            transposed view of the projection's output is read as it lies; the output has x's layout).
+        base: the frequency base, a float > 0.
+        backend: ``"triton"`` or ``"torch"``; default: :mod:`ampkernels.dispatch`'s choice (op ``"float8_fused"``).
+    """
+    fn = "rotary_embedding"
+    _check_float(fn, "x", x)
+    if x.ndim < 2 or x.shape[-1] % 2:
+        raise _error(fn, "x", f"expected [..., T, D] with D even, got shape {list(x.shape)}")
+    if not isinstance(base, (int, float)) or not base > 0 or math.isinf(base):
+        raise _error(fn, "base", f"expected a finite float > 0, got {base!r}")
+    name = dispatch.select(_OP, x.device, dispatch.check_backend(_OP, backend))
+    if x.numel() == 0:
+        return reference.rotary_embedding(x, base)
+    shape = x.shape
+    T, D = shape[-2], shape[-1]
+    x4 = (
+        x if x.ndim == 4 else (x.reshape(-1, shape[-3], T, D) if x.ndim > 4 else x.reshape((1,) * (4 - x.ndim) + shape))
+    )
+    cos, sin = _tables(T, D // 2, float(base), x.device)
+    return _RotaryFunction.apply(x4, cos, sin, name).view(shape)

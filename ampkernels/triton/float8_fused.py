@@ -9,6 +9,7 @@ Bytes per call (the floor each kernel is measured against in ``benchmarks/float8
 | rms_norm backward | grad, x, w, rstd | grad_x, one float32 row of the weight gradient per program |
 | silu_mul | gate, up | out |
 | silu_mul backward | grad, gate, up | grad_gate, grad_up |
+| rotary (forward or backward) | x (and the [T, D/2] float32 tables, from L2) | out |
 
 Arguments arrive checked (:mod:`ampkernels.float8.fused`): contiguous, at least one element; norm rows of at most
 ``ampkernels.float8.fused.MAX_TRITON_ROW`` elements (a program holds a row). ``scratch`` is None or the zeroed int32
@@ -26,6 +27,7 @@ from ampkernels.triton.float8_casts import _cdiv, _Scratch
 from ampkernels.triton.float8_fused_kernels import (
     _rms_norm_backward_kernel,
     _rms_norm_kernel,
+    _rotary_kernel,
     _silu_mul_backward_kernel,
     _silu_mul_kernel,
 )
@@ -126,3 +128,32 @@ def silu_mul_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor):
         grad, gate, up, grad_gate, grad_up, n, INT_BF16=dispatch.triton_interpreting(), BLOCK=FLAT_BLOCK, num_warps=8
     )
     return grad_gate, grad_up
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """x [B, H, T, D] (any strides) rotated by the float32 tables cos / sin [T, D / 2] -> a tensor of x's shape,
+    dtype and memory layout (``inverse``: by minus the angles)."""
+    B, H, T, D = x.shape
+    out = torch.empty_like(x)  # (x's strides, when x is dense: the layout attention reads)
+    half = D // 2
+    block_half = triton.next_power_of_2(half)
+    rows_per_program = max(1, ROW_ELEMENTS // (2 * block_half))
+    rows = B * H * T
+    _rotary_kernel[(_cdiv(rows, rows_per_program),)](
+        x,
+        out,
+        cos,
+        sin,
+        rows,
+        H,
+        T,
+        *x.stride(),
+        *out.stride(),
+        INVERSE=inverse,
+        INT_BF16=dispatch.triton_interpreting(),
+        ROWS=rows_per_program,
+        HALF=half,
+        BLOCK_HALF=block_half,
+        num_warps=4,
+    )
+    return out

@@ -144,3 +144,51 @@ def _silu_mul_backward_kernel(
     tl.store(grad_up_ptr + offs, _rounded(grad * g * s, grad_up_ptr.dtype.element_ty, INT_BF16), mask=mask)
     grad_gate = grad * u * s * (1.0 + g * (1.0 - s))
     tl.store(grad_gate_ptr + offs, _rounded(grad_gate, grad_gate_ptr.dtype.element_ty, INT_BF16), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    x_ptr,
+    out_ptr,
+    cos_ptr,
+    sin_ptr,
+    rows,
+    H,
+    T,
+    x_sb,
+    x_sh,
+    x_st,
+    x_sd,
+    o_sb,
+    o_sh,
+    o_st,
+    o_sd,
+    INVERSE: tl.constexpr,
+    INT_BF16: tl.constexpr,
+    ROWS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    """Rows (b, h, t) of x [B, H, T, 2 * HALF] (any strides): the pairs (x1, x2) = (x[..., i], x[..., i + HALF]) rotated
+    by the angle of position t, ``(x1 cos - x2 sin, x1 sin + x2 cos)`` from the float32 tables [T, HALF], in float32,
+    rounded once; ``INVERSE`` rotates by minus the angle (the backward: the transpose of a rotation)."""
+    r = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    t = r % T
+    bh = r // T
+    h = bh % H
+    b = bh // H
+    i = tl.arange(0, BLOCK_HALF)
+    mask = (r < rows)[:, None] & (i < HALF)[None, :]
+    x_row = b * x_sb + h * x_sh + t * x_st
+    o_row = b * o_sb + h * o_sh + t * o_st
+    x1 = tl.load(x_ptr + x_row[:, None] + i[None, :] * x_sd, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + x_row[:, None] + (i[None, :] + HALF) * x_sd, mask=mask, other=0.0).to(tl.float32)
+    table = t[:, None] * HALF + i[None, :]
+    cos = tl.load(cos_ptr + table, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + table, mask=mask, other=0.0)
+    if INVERSE:
+        sin = -sin
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + o_row[:, None] + i[None, :] * o_sd, _rounded(x1 * cos - x2 * sin, dtype, INT_BF16), mask=mask)
+    out2 = _rounded(x1 * sin + x2 * cos, dtype, INT_BF16)
+    tl.store(out_ptr + o_row[:, None] + (i[None, :] + HALF) * o_sd, out2, mask=mask)

@@ -4,7 +4,7 @@ everything else, with the first step's time (compilation, the "auto" timings) an
 which part separates the FP8 step from its ideal (the bf16 step minus the matmul time saved).
 
 Run: ``python3 dev/float8/stack_profile.py [--fused] [recipe ...]`` (CUDA needed; default: tensorwise).
-``--fused`` builds the FP8 models with ampkernels' fused RMSNorm and SiLU·up (``LlamaStack(fused=True)``) and adds a
+``--fused`` builds the FP8 models with ampkernels' fused RMSNorm, RoPE and SiLU·up (``LlamaStack(fused=True)``) and adds a
 bf16 row of the fused model.
 """
 
@@ -25,8 +25,8 @@ BATCH = (8, 2048)
 
 def _group(name: str) -> str:
     lowered = name.lower()
-    if "_rms_norm" in lowered or "_silu_mul" in lowered:
-        return "fused norm/SiLU"
+    if "_rms_norm" in lowered or "_silu_mul" in lowered or "_rotary" in lowered:
+        return "fused norm/RoPE/SiLU"
     if "float8" in lowered or "_cast_" in lowered or "amax" in lowered:
         return "fp8 casts"
     if "flash" in lowered or "fmha" in lowered or "attention" in lowered:
@@ -75,7 +75,7 @@ def profile(recipe: str | None, fused: bool = False) -> None:
     groups: dict[str, float] = {}
     for e in events:
         groups[_group(e.key)] = groups.get(_group(e.key), 0.0) + e.self_device_time_total / 2e3
-    label = (recipe or "bf16") + (" (fused norm, SiLU-up)" if fused else "")
+    label = (recipe or "bf16") + (" (fused norm, RoPE, SiLU-up)" if fused else "")
     head = f"== {label}: first step {first_s:.1f} s, {step_ms:.1f} ms per step, {total:.1f} ms of kernels per step"
     print(head + "; " + ", ".join(f"{k} {v:.1f}" for k, v in groups.items()))
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:30]:
