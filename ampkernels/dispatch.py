@@ -21,8 +21,9 @@ Ops and their backends (``BACKENDS[op]``, in order of preference):
 * ``to_float8`` (the FP8 casts of :mod:`ampkernels.float8`): ``triton`` (CUDA tensors; CPU tensors under
   ``TRITON_INTERPRET=1`` when asked for), ``torch`` (the reference, the default on CPU tensors). There is no native
   kernel: ``AMPKERNELS_BACKEND=native`` leaves the casts on their default.
-* ``float8_fused`` (:func:`ampkernels.float8.rms_norm` and :func:`~ampkernels.float8.silu_mul`, forward and
-  backward): the same two as ``to_float8``, chosen the same way.
+* ``float8_fused`` (:func:`ampkernels.float8.rms_norm`, :func:`~ampkernels.float8.silu_mul` and
+  :func:`~ampkernels.float8.rotary_embedding`, forward and backward): the same two as ``to_float8``, chosen the same
+  way.
 
 A missing piece never breaks ``import ampkernels``: it only removes a backend, and asking for that backend by name
 raises with the reason (:func:`why_not`). The choice (:func:`select`): the backend passed by the caller, else the
@@ -37,8 +38,8 @@ Environment variables read by ampkernels (``python -m ampkernels.info`` prints t
 * ``AMPKERNELS_OPTIMIZER_BACKEND`` = native|triton|torch: FusedAdam/FusedAdamW/FusedSGD.
 * ``AMPKERNELS_SCALED_MATMUL_BACKEND`` = auto|triton|wgmma|wmma|torch: scaled_matmul and ScaledLinear.
 * ``AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND`` = auto|triton|wgmma|cublas|torch: scaled_matmul on float8 operands.
-* ``AMPKERNELS_FLOAT8_BACKEND`` = triton|torch: the FP8 casts (to_float8, to_float8_pair) and the fused producers
-  of FP8 inputs (rms_norm, silu_mul).
+* ``AMPKERNELS_FLOAT8_BACKEND`` = triton|torch: the FP8 casts (to_float8, to_float8_pair) and the fused kernels
+  of ampkernels.float8 (rms_norm, silu_mul, rotary_embedding).
 * ``AMPKERNELS_TUNE`` = 1 (default) | 0: 0 turns off timing (Triton's matmul config tuning and ``auto``'s choice
   between Triton and wgmma); fixed rules decide instead.
 * ``AMPKERNELS_SCALED_MATMUL_TMA_DESC`` = device (default) | host: where the Triton matmul builds its TMA

@@ -22,7 +22,7 @@ _OP_NAMES = {
     "scaled_matmul": "scaled_matmul (and ScaledLinear)",
     "scaled_matmul_float8": "scaled_matmul_float8 (scaled_matmul on float8 operands)",
     "to_float8": "to_float8 (FP8 casts: to_float8, to_float8_pair)",
-    "float8_fused": "float8_fused (fused producers of FP8 inputs: rms_norm, silu_mul)",
+    "float8_fused": "float8_fused (fused rms_norm, silu_mul, rotary_embedding)",
 }
 
 

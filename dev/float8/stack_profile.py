@@ -4,8 +4,8 @@ everything else, with the first step's time (compilation, the "auto" timings) an
 which part separates the FP8 step from its ideal (the bf16 step minus the matmul time saved).
 
 Run: ``python3 dev/float8/stack_profile.py [--fused] [recipe ...]`` (CUDA needed; default: tensorwise).
-``--fused`` builds the FP8 models with ampkernels' fused RMSNorm, RoPE and SiLU·up (``LlamaStack(fused=True)``) and adds a
-bf16 row of the fused model.
+``--fused`` builds the FP8 models with ampkernels' fused RMSNorm, RoPE and SiLU·up (``LlamaStack(fused=True)``) and
+adds a bf16 row of the fused model.
 """
 
 from __future__ import annotations
