@@ -86,6 +86,18 @@ def test_rms_norm_matches_the_reference_within_torchs_error(dtypes, shape, backe
         _check_error(a, b, e, what)
 
 
+@needs_triton
+def test_rms_norm_rows_too_long_for_a_program_take_the_reference_math(monkeypatch):
+    """Rows longer than MAX_TRITON_ROW run on the torch math, and still record the amax for the next layer."""
+    monkeypatch.setattr(fused_module, "MAX_TRITON_ROW", 64)
+    x, w, g = _norm_inputs((8, 96), torch.float32, torch.float32)
+    ours = _forward_backward(lambda a, b: rms_norm(a, b, backend="triton"), x, w, g)
+    for a, b in zip(ours, _forward_backward(lambda a, b: rms_norm(a, b, backend="torch"), x, w, g)):
+        assert torch.equal(a, b)
+    out = rms_norm(x, w, backend="triton")
+    assert _recorded(out) == (float(out.abs().amax()), 0)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rms_norm_of_strided_input_and_module(backend):
     """A transposed (non-contiguous) input, and RMSNorm the module: the values of the contiguous call."""
@@ -318,3 +330,19 @@ def test_fused_llama_stack_has_the_plain_state_dict_and_values():
     torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2)
     for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-4, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_rotary_tables_made_inside_a_capture_are_not_kept():
+    """Kernels captured in a CUDA graph run only at replay: tables made there must not serve a later eager call."""
+    rotary_embedding(torch.randn(1, 2, 36, 16, device="cuda"))  # compiles the kernel outside the capture
+    fused_module._TABLES.clear()
+    x = torch.randn(1, 2, 37, 16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = rotary_embedding(x)
+    assert not fused_module._TABLES
+    torch.testing.assert_close(rotary_embedding(x), reference.rotary_embedding(x), rtol=1e-6, atol=1e-6)
+    graph.replay()
+    torch.testing.assert_close(captured, reference.rotary_embedding(x), rtol=1e-6, atol=1e-6)

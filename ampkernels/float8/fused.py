@@ -25,6 +25,7 @@ from torch import nn
 
 from ampkernels import dispatch, reference
 from ampkernels.matmul.api import _plain_eager
+from ampkernels.triton import capturing
 
 __all__ = ["RMSNorm", "produced_amax", "rms_norm", "rotary_embedding", "silu_mul"]
 
@@ -361,9 +362,11 @@ _MAX_TABLES = 16
 
 
 def _tables(positions: int, half: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """reference.rotary_tables, kept per (positions, half, base, device) in plain eager mode (two small kernels
+    """reference.rotary_tables, kept per (positions, half, base, device) in plain eager mode (a few small kernels
     less per call)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or capturing():
+        # NOTE: nothing kept from a CUDA graph capture: its kernels run only at replay, and an eager call before
+        # that would read unwritten tables.
         return reference.rotary_tables(positions, half, base, device)
     key = (positions, half, base, device)
     tables = _TABLES.get(key)

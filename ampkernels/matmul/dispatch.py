@@ -280,7 +280,11 @@ def _unit(device: torch.device) -> torch.Tensor:
     """A cached float32 1.0 on ``device`` (torch._scaled_mm's scale when none is given)."""
     one = _UNIT.get(device)
     if one is None:
-        one = _UNIT[device] = torch.ones((), dtype=torch.float32, device=device)
+        one = torch.ones((), dtype=torch.float32, device=device)
+        # NOTE: not kept when made inside a CUDA graph capture: the fill only runs at replay, and an eager call
+        # before that would read unwritten memory.
+        if not capturing():
+            _UNIT[device] = one
     return one
 
 
