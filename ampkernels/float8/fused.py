@@ -86,10 +86,8 @@ def produced_amax(t: torch.Tensor) -> torch.Tensor | None:
     return _PRODUCED.get(t)
 
 
-def _new_scratch(like: torch.Tensor) -> torch.Tensor | None:
-    """A zeroed cast scratch when the output's amax is worth recording (plain eager, Triton backend)."""
-    if like.device.type != "cuda" and not dispatch.triton_interpreting():
-        return None
+def _new_scratch(like: torch.Tensor) -> torch.Tensor:
+    """A zeroed tensorwise cast scratch (``float8_casts._Scratch``'s buffer) on ``like``'s device."""
     return torch.zeros(3, dtype=torch.int32, device=like.device)
 
 
