@@ -113,7 +113,10 @@ def _build_stack_step(variant: dict, ctx: RunContext, config: dict, batch: tuple
     if variant["fp8"] is not None:
         convert_to_float8(model, variant["fp8"])
     if variant["torchao"] is not None:
-        _torchao_convert()(model, variant["torchao"])
+        convert = _torchao_convert()
+        if convert is None:
+            raise RuntimeError("torchao is not installed (an optional extra of this benchmark)")
+        convert(model, variant["torchao"])
     if variant["stock"]:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=ctx.device.type == "cuda")
     else:

@@ -17,13 +17,14 @@ from typing import Any
 
 from benchmarks import bench_optimizers
 
-MODULE_ORDER = ("precision", "grad_scaler", "optimizers", "training", "scaled_matmul")
+MODULE_ORDER = ("precision", "grad_scaler", "optimizers", "training", "scaled_matmul", "float8")
 TITLES = {
     "precision": "Training step by precision (FP32, TF32, FP16, BF16)",
     "grad_scaler": "Post-backward phase: torch.amp.GradScaler against FusedGradScaler",
     "optimizers": "AdamW step alone",
     "training": "End-to-end fp16 AMP training steps",
     "scaled_matmul": "scaled_matmul against cuBLAS",
+    "float8": "FP8 training: casts, fused kernels, FP8 GEMMs, the Llama-stack step",
 }
 DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -172,12 +173,55 @@ def precision(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def float8(doc: dict[str, Any]) -> list[str]:
+    stack = doc["stack"]
+    c = stack["config"]
+    lines = [
+        f"Llama-style stack (dim {c['dim']}, {c['layers']} blocks, ffn {c['ffn']}, vocab {c['vocab']}), batch "
+        f"{stack['batch'][0]} × {stack['batch'][1]}, bf16 autocast; torchao {stack['torchao'] or 'not installed'}:",
+        "",
+        "| variant | ms/step | × stock bf16 eager | peak GiB | first step s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in stack["rows"]:
+        if "ms" not in r:
+            lines.append(f"| {r['label']} | skipped: {r.get('skipped', '')[:80]} | | | |")
+            continue
+        peak = "–" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+        lines.append(
+            f"| {r['label']} | {r['ms']:.1f} | {_speedup(r.get('speedup_over_bf16_eager'))} | {peak} | "
+            f"{r['first_step_s']:.1f} |"
+        )
+    on_gpu = doc["mode"] == "gpu"
+    lines += ["", "| op | shape | pass | torch ms | ampkernels ms | × torch |", "|---|---|---|---:|---:|---:|"]
+    for r in doc["fused"]:
+        lines.append(
+            f"| {r['op']} | {r['shape']} | {r['pass']} | {_ms(r['torch_ms'])} | {_ms(r['ms'])} | "
+            f"{_speedup(r['speedup_over_torch'])} |"
+        )
+    lines += ["", "| shape | cast | ms | GB/s" + (" (% of copy)" if on_gpu else "") + " | × torch |"]
+    lines.append("|---|---|---:|---:|---:|")
+    for r in doc["casts"]:
+        rate = f"{r['gbs']:.0f} ({r['pct_of_copy']:.0f}%)" if on_gpu else f"{r['gbs']:.0f}"
+        lines.append(f"| {r['shape']} | {r['label']} | {_ms(r['ms'])} | {rate} | {_speedup(r['speedup_over_torch'])} |")
+    lines.append("")
+    for r in doc["gemms"]:
+        if r["shape"].startswith("geomean") and r["vs_scaled_mm"] is not None:
+            lines.append(
+                f"- FP8 GEMMs, {r['shape']} shapes, {r['implementation']} ({r['scaling']}): {r['tflops']:.0f} TFLOP/s, "
+                f"{r['vs_scaled_mm']:.3f}× torch._scaled_mm (min {r['min_vs_scaled_mm']:.2f}), "
+                f"{r['vs_bf16']:.2f}× bf16 cuBLAS"
+            )
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "precision": precision,
     "grad_scaler": grad_scaler,
     "optimizers": optimizers,
     "training": training,
     "scaled_matmul": scaled_matmul,
+    "float8": float8,
 }
 
 
