@@ -79,6 +79,8 @@ FLOAT8_BACKENDS = ("triton", "torch")
 AUTO_CANDIDATES = ("triton", "wgmma")
 FLOAT8_AUTO_CANDIDATES = ("triton", "wgmma", "cublas")
 _AUTO_CANDIDATES = {"scaled_matmul": AUTO_CANDIDATES, "scaled_matmul_float8": FLOAT8_AUTO_CANDIDATES}
+#: The ops of ampkernels.float8 with only Triton and torch backends (casts; fused norm, SiLU-up, RoPE).
+FLOAT8_ELEMENTWISE_OPS = ("to_float8", "float8_fused")
 
 BACKENDS: dict[str, tuple[str, ...]] = {
     **{op: _MULTI_TENSOR_BACKENDS for op in SCALER_OPS + OPTIMIZER_OPS},
@@ -365,7 +367,7 @@ def _default(op: str, device: torch.device) -> str:
         order = (
             ("triton", "wgmma", "wmma", "torch") if op == "scaled_matmul" else ("triton", "wgmma", "cublas", "torch")
         )
-    elif op in ("to_float8", "float8_fused"):
+    elif op in FLOAT8_ELEMENTWISE_OPS:
         order = ("triton", "torch") if device.type == "cuda" else ("torch",)
     elif op == "adam_blockwise" and device.type == "cuda":
         # NOTE (H200, 1.1B params): Triton's blockwise step runs 8-bit moments in 5.4 ms and bfloat16 + stochastic
@@ -381,7 +383,7 @@ def select(op: str, device: torch.device | str, requested_backend: str | None = 
     run), else the op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs."""
     device = torch.device(device)
     name, source = requested(op, requested_backend)
-    if name is None or (op in ("to_float8", "float8_fused") and name == "native" and source == GLOBAL_VARIABLE):
+    if name is None or (op in FLOAT8_ELEMENTWISE_OPS and name == "native" and source == GLOBAL_VARIABLE):
         return _default(op, device)
     if op in ("scaled_matmul", "scaled_matmul_float8") and name == "native":
         # AMPKERNELS_BACKEND=native: the native kernel that runs here

@@ -62,6 +62,11 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
         self.fused = fused
+        self.rope = rotary
+        if fused:
+            from ampkernels.float8 import rotary_embedding
+
+            self.rope = rotary_embedding
         self.q = nn.Linear(dim, heads * self.head_dim, bias=False)
         self.k = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.v = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
@@ -73,12 +78,14 @@ class Attention(nn.Module):
         k = self.k(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         gqa = self.kv_heads != self.heads
-        if self.fused:
-            from ampkernels.float8 import rotary_embedding as rope
-        else:
-            rope = rotary
-        out = F.scaled_dot_product_attention(rope(q, ROPE_BASE), rope(k, ROPE_BASE), v, is_causal=True, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(
+            self.rope(q, ROPE_BASE), self.rope(k, ROPE_BASE), v, is_causal=True, enable_gqa=gqa
+        )
         return self.o(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
 
 
 class SwiGLU(nn.Module):
@@ -90,13 +97,14 @@ class SwiGLU(nn.Module):
         self.up = nn.Linear(dim, ffn, bias=False)
         self.down = nn.Linear(ffn, dim, bias=False)
         self.fused = fused
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
+        self.silu_mul = _silu_mul
+        if fused:
             from ampkernels.float8 import silu_mul
 
-            return self.down(silu_mul(self.gate(x), self.up(x)))
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+            self.silu_mul = silu_mul
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.silu_mul(self.gate(x), self.up(x)))
 
 
 def _norm(dim: int, fused: bool) -> nn.Module:

@@ -1,7 +1,8 @@
-"""Launch code of the fused producers of FP8 inputs (``ampkernels.float8.rms_norm`` / ``silu_mul``; math in
-``reference.rms_norm`` / ``reference.silu_mul``, kernels in ``ampkernels.triton.float8_fused_kernels``).
+"""Launch code of the fused kernels of ``ampkernels.float8.fused`` (``rms_norm``, ``silu_mul``, ``rotary_embedding``;
+math in ``reference.rms_norm`` / ``silu_mul`` / ``rotary_embedding``, kernels in
+``ampkernels.triton.float8_fused_kernels``).
 
-Bytes per call (the floor each kernel is measured against in ``benchmarks/float8_casts.py``):
+Bytes per call (the floor ``benchmarks/float8_fused.py`` measures against):
 
 | call | reads | writes |
 |---|---|---|
@@ -11,7 +12,8 @@ Bytes per call (the floor each kernel is measured against in ``benchmarks/float8
 | silu_mul backward | grad, gate, up | grad_gate, grad_up |
 | rotary (forward or backward) | x (and the [T, D/2] float32 tables, from L2) | out |
 
-Arguments arrive checked (:mod:`ampkernels.float8.fused`): contiguous, at least one element; norm rows of at most
+Arguments arrive checked (:mod:`ampkernels.float8.fused`) with at least one element: contiguous, except rotary's x
+(any strides, viewed as [B, H, T, D]); norm rows of at most
 ``ampkernels.float8.fused.MAX_TRITON_ROW`` elements (a program holds a row). ``scratch`` is None or the zeroed int32
 [3] buffer of a tensorwise cast's scratch (``float8_casts._Scratch``).
 """
