@@ -3,7 +3,8 @@ and ``torch.library.opcheck`` can test them.
 
 The schemas are in csrc/ (one ``TORCH_LIBRARY_FRAGMENT`` per op family): ``unscale_reduce_`` and ``update_scale_``
 in csrc/scaler/scaler_ops.cpp, ``scaled_matmul_wmma_``, ``scaled_matmul_wgmma_`` and ``scaled_matmul_fp8_wgmma_`` in
-csrc/matmul/scaled_matmul_ops.cpp. Nothing is registered when the extension is missing.
+csrc/matmul/scaled_matmul_ops.cpp, ``to_float8_native`` in csrc/float8/float8_ops.cpp. Nothing is registered when the
+extension is missing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ NATIVE_OPS = (
     "scaled_matmul_wmma_",
     "scaled_matmul_wgmma_",
     "scaled_matmul_fp8_wgmma_",
+    "to_float8_native",
 )
 
 
@@ -59,12 +61,21 @@ def _scaled_matmul_fp8_fake(
     return None  # writes `out` (and found_inf, amax_out) in place
 
 
+def _to_float8_native_fake(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch):
+    M, K = x.shape
+    data = x.new_empty((M, K) if write_data else (0,), dtype=dtype)
+    data_t = x.new_empty((K, M) if write_t else (0,), dtype=dtype)
+    scale_inv = x.new_empty(((K if write_t else M), 1) if per_row else (), dtype=torch.float32)
+    return data, data_t, scale_inv
+
+
 _FAKES = {
     "unscale_reduce_": _unscale_reduce_fake,
     "update_scale_": _update_scale_fake,
     "scaled_matmul_wmma_": _scaled_matmul_fake,
     "scaled_matmul_wgmma_": _scaled_matmul_fake,
     "scaled_matmul_fp8_wgmma_": _scaled_matmul_fp8_fake,
+    "to_float8_native": _to_float8_native_fake,
 }
 
 

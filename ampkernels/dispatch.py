@@ -18,12 +18,14 @@ Ops and their backends (``BACKENDS[op]``, in order of preference):
   ``scaled_matmul_fp8_wgmma_``, in builds with sm_90a that have it), ``cublas`` (``torch._scaled_mm``, the rest of
   the epilogue in torch ops after it; on CPU tensors torch's CPU kernel), ``torch`` (the reference). On CPU tensors
   the default is ``torch``.
-* ``to_float8`` (the FP8 casts of :mod:`ampkernels.float8`): ``triton`` (CUDA tensors; CPU tensors under
-  ``TRITON_INTERPRET=1`` when asked for), ``torch`` (the reference, the default on CPU tensors). There is no native
-  kernel: ``AMPKERNELS_BACKEND=native`` leaves the casts on their default.
+* ``to_float8`` (the FP8 casts of :mod:`ampkernels.float8`): ``native`` (the CUDA kernels of the extension, the
+  default on CUDA tensors: a launch costs a few microseconds of host time, Triton's launcher tens), ``triton`` (CUDA
+  tensors; CPU tensors under ``TRITON_INTERPRET=1`` when asked for), ``torch`` (the reference, the default on CPU
+  tensors).
 * ``float8_fused`` (:func:`ampkernels.float8.rms_norm`, :func:`~ampkernels.float8.silu_mul` and
-  :func:`~ampkernels.float8.rotary_embedding`, forward and backward): the same two as ``to_float8``, chosen the same
-  way.
+  :func:`~ampkernels.float8.rotary_embedding`, forward and backward): ``triton`` and ``torch``, chosen as for
+  ``to_float8``; ``native`` (from ``AMPKERNELS_FLOAT8_BACKEND`` or ``AMPKERNELS_BACKEND``) leaves them on their
+  default.
 
 A missing piece never breaks ``import ampkernels``: it only removes a backend, and asking for that backend by name
 raises with the reason (:func:`why_not`). The choice (:func:`select`): the backend passed by the caller, else the
@@ -38,7 +40,7 @@ Environment variables read by ampkernels (``python -m ampkernels.info`` prints t
 * ``AMPKERNELS_OPTIMIZER_BACKEND`` = native|triton|torch: FusedAdam/FusedAdamW/FusedSGD.
 * ``AMPKERNELS_SCALED_MATMUL_BACKEND`` = auto|triton|wgmma|wmma|torch: scaled_matmul and ScaledLinear.
 * ``AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND`` = auto|triton|wgmma|cublas|torch: scaled_matmul on float8 operands.
-* ``AMPKERNELS_FLOAT8_BACKEND`` = triton|torch: the FP8 casts (to_float8, to_float8_pair) and the fused kernels
+* ``AMPKERNELS_FLOAT8_BACKEND`` = native|triton|torch: the FP8 casts (to_float8, to_float8_pair) and the fused kernels
   of ampkernels.float8 (rms_norm, silu_mul, rotary_embedding).
 * ``AMPKERNELS_TUNE`` = 1 (default) | 0: 0 turns off timing (Triton's matmul config tuning and ``auto``'s choice
   between Triton and wgmma); fixed rules decide instead.
@@ -74,20 +76,21 @@ _MULTI_TENSOR_BACKENDS = ("native", "triton", "torch")
 # "cublas" (torch._scaled_mm) takes float8 operands only: a 16-bit call asking for it raises (see why_not).
 MATMUL_BACKENDS = ("auto", "triton", "wgmma", "wmma", "cublas", "torch")
 FLOAT8_MATMUL_BACKENDS = ("auto", "triton", "wgmma", "cublas", "torch")
+FLOAT8_CAST_BACKENDS = ("native", "triton", "torch")
+FLOAT8_FUSED_BACKENDS = ("triton", "torch")
 #: The backends "auto" chooses between, per problem (per op).
-FLOAT8_BACKENDS = ("triton", "torch")
 AUTO_CANDIDATES = ("triton", "wgmma")
 FLOAT8_AUTO_CANDIDATES = ("triton", "wgmma", "cublas")
 _AUTO_CANDIDATES = {"scaled_matmul": AUTO_CANDIDATES, "scaled_matmul_float8": FLOAT8_AUTO_CANDIDATES}
-#: The ops of ampkernels.float8 with only Triton and torch backends (casts; fused norm, SiLU-up, RoPE).
+#: The elementwise ops of ampkernels.float8 (casts; fused norm, SiLU-up, RoPE).
 FLOAT8_ELEMENTWISE_OPS = ("to_float8", "float8_fused")
 
 BACKENDS: dict[str, tuple[str, ...]] = {
     **{op: _MULTI_TENSOR_BACKENDS for op in SCALER_OPS + OPTIMIZER_OPS},
     "scaled_matmul": MATMUL_BACKENDS,
     "scaled_matmul_float8": FLOAT8_MATMUL_BACKENDS,
-    "to_float8": FLOAT8_BACKENDS,
-    "float8_fused": FLOAT8_BACKENDS,
+    "to_float8": FLOAT8_CAST_BACKENDS,
+    "float8_fused": FLOAT8_FUSED_BACKENDS,
 }
 
 GLOBAL_VARIABLE = "AMPKERNELS_BACKEND"
@@ -184,6 +187,11 @@ def wmma_op():
 def wgmma_op():
     """``torch.ops.ampkernels.scaled_matmul_wgmma_``, or ``None`` when the extension lacks it."""
     return _native_matmul_op("scaled_matmul_wgmma_")
+
+
+def float8_cast_op():
+    """``torch.ops.ampkernels.to_float8_native`` (the CUDA FP8 casts), or ``None`` when the extension lacks it."""
+    return _native_matmul_op("to_float8_native")
 
 
 def wgmma_float8_op():
@@ -315,7 +323,13 @@ def why_not(op: str, backend: str, device: torch.device | str) -> str | None:
     if backend == "triton":
         return _why_not_triton(op, device)
     if backend == "native":
-        return _why_not_native(device)
+        reason = _why_not_native(device)
+        if reason is None and op == "to_float8":
+            if device.type != "cuda":
+                return "the native FP8 casts run CUDA tensors only (CPU tensors take the reference)"
+            if float8_cast_op() is None:
+                return "ampkernels._C has no to_float8_native op (built before the native casts; rebuild it)"
+        return reason
     return _why_not_matmul(backend, device)
 
 
@@ -345,6 +359,8 @@ def requested(op: str, backend: str | None = None) -> tuple[str | None, str]:
         return backend, "argument 'backend'"
     variable = VARIABLES[op]
     value = os.environ.get(variable)
+    if value == "native" and op == "float8_fused":
+        value = None  # AMPKERNELS_FLOAT8_BACKEND=native: the casts; the fused kernels have no native version
     if value:
         return check_backend(op, value, argument=variable), variable
     value = os.environ.get(GLOBAL_VARIABLE)
@@ -368,7 +384,7 @@ def _default(op: str, device: torch.device) -> str:
             ("triton", "wgmma", "wmma", "torch") if op == "scaled_matmul" else ("triton", "wgmma", "cublas", "torch")
         )
     elif op in FLOAT8_ELEMENTWISE_OPS:
-        order = ("triton", "torch") if device.type == "cuda" else ("torch",)
+        order = BACKENDS[op] if device.type == "cuda" else ("torch",)
     elif op == "adam_blockwise" and device.type == "cuda":
         # NOTE (H200, 1.1B params): Triton's blockwise step runs 8-bit moments in 5.4 ms and bfloat16 + stochastic
         # rounding in 4.1 ms, the CUDA kernel in 12.0 and 7.5 ms (dev/optimizers/NOTES.md).
@@ -383,8 +399,12 @@ def select(op: str, device: torch.device | str, requested_backend: str | None = 
     run), else the op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs."""
     device = torch.device(device)
     name, source = requested(op, requested_backend)
-    if name is None or (op in FLOAT8_ELEMENTWISE_OPS and name == "native" and source == GLOBAL_VARIABLE):
+    if name is None:
         return _default(op, device)
+    if op in FLOAT8_ELEMENTWISE_OPS and name == "native" and source == GLOBAL_VARIABLE:
+        # AMPKERNELS_BACKEND=native: the native casts where they run, else the op's default
+        if name not in BACKENDS[op] or why_not(op, name, device) is not None:
+            return _default(op, device)
     if op in ("scaled_matmul", "scaled_matmul_float8") and name == "native":
         # AMPKERNELS_BACKEND=native: the native kernel that runs here
         reasons = {k: why_not(op, k, device) for k in (("wgmma", "wmma") if op == "scaled_matmul" else ("wgmma",))}

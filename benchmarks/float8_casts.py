@@ -10,6 +10,7 @@ floor ratio is at least 5/3 when nothing stays in L2; the cast pass reads the am
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -37,20 +38,28 @@ def _stock(x: torch.Tensor) -> torch.Tensor:
     return (x.float() * scale).clamp(-448.0, 448.0).to(FP8)
 
 
-def _variants(x: torch.Tensor) -> dict[str, Any]:
+def _variants(x: torch.Tensor, backend: str) -> dict[str, Any]:
     from ampkernels.float8 import to_float8, to_float8_pair
 
     scale = torch.full((), 448.0, device=x.device) / x.abs().amax().float()
     amax_out = torch.zeros((), device=x.device)
     found_inf = torch.zeros(1, device=x.device)
+    b = backend
     return {
-        STOCK: lambda: _stock(x),
-        "tensor": lambda: to_float8(x),
-        "delayed": lambda: to_float8(x, scale=scale, amax_out=amax_out, found_inf=found_inf),
-        "row": lambda: to_float8(x, granularity="row"),
-        "transpose": lambda: to_float8(x, transpose=True),
-        "pair": lambda: to_float8_pair(x),
+        "tensor": lambda: to_float8(x, backend=b),
+        "delayed": lambda: to_float8(x, scale=scale, amax_out=amax_out, found_inf=found_inf, backend=b),
+        "row": lambda: to_float8(x, granularity="row", backend=b),
+        "transpose": lambda: to_float8(x, transpose=True, backend=b),
+        "pair": lambda: to_float8_pair(x, backend=b),
     }
+
+
+def _backends(device: torch.device) -> list[str]:
+    """The kernel backends of the casts that run here (native and Triton on a GPU), else the default."""
+    from ampkernels import dispatch
+
+    running = [name for name in ("native", "triton") if dispatch.why_not("to_float8", name, device) is None]
+    return running if device.type == "cuda" and running else [dispatch.select("to_float8", device)]
 
 
 def _floor_bytes(variant: str, numel: int) -> int:
@@ -58,37 +67,41 @@ def _floor_bytes(variant: str, numel: int) -> int:
 
 
 def run_casts(ctx) -> list[dict[str, Any]]:
-    """One row per (shape, variant): ms (device time on a GPU, wall on the CPU), bytes, GB/s, % of copy, x floor,
-    speedup over plain torch."""
-    from ampkernels import dispatch
-
-    backend = dispatch.select("to_float8", ctx.device)
+    """One row per (shape, backend, variant): ms (device time on a GPU, wall on the CPU) of a call in an eager loop,
+    bytes, GB/s, % of copy, x floor, speedup over plain torch. Every kernel backend that runs here is timed, in the
+    same interleaved loop as plain torch."""
+    backends = _backends(ctx.device)
     rows: list[dict[str, Any]] = []
     shapes = CPU_SHAPES if ctx.cpu_small else GPU_SHAPES
     for M, K in shapes:
         x = torch.randn(M, K, device=ctx.device).mul_(3.0).to(torch.bfloat16)
-        timings = time_interleaved(_variants(x), ctx.device, ctx.repeats, ctx.target_loop_s)
+        fns = {STOCK: functools.partial(_stock, x)}
+        for backend in backends:
+            fns.update({f"{backend}:{variant}": fn for variant, fn in _variants(x, backend).items()})
+        timings = time_interleaved(fns, ctx.device, ctx.repeats, ctx.target_loop_s)
         ms = {key: t.median_device_ms or t.median_wall_ms for key, t in timings.items()}
-        for variant, t in timings.items():
+        for key, t in timings.items():
+            backend, _, variant = key.rpartition(":")
+            label = VARIANTS[variant] + (f" [{backend}]" if len(backends) > 1 and backend else "")
             moved = _floor_bytes(variant, x.numel())
-            gbs = moved / (ms[variant] * 1e-3) / 1e9
+            gbs = moved / (ms[key] * 1e-3) / 1e9
             floor_ms = moved / (ctx.copy_bandwidth_gbs * 1e9) * 1e3
             rows.append(
                 {
                     "shape": f"{M}x{K}",
                     "variant": variant,
-                    "label": VARIANTS[variant],
+                    "label": label,
                     "iterations": t.iterations,
-                    "ms": ms[variant],
+                    "ms": ms[key],
                     "wall_ms": t.median_wall_ms,
                     "device_ms": t.median_device_ms,
                     "bytes": moved,
                     "gbs": gbs,
                     "pct_of_copy": 100.0 * gbs / ctx.copy_bandwidth_gbs,
-                    "x_floor": ms[variant] / floor_ms,
-                    "speedup_over_torch": ms[STOCK] / ms[variant],
+                    "x_floor": ms[key] / floor_ms,
+                    "speedup_over_torch": ms[STOCK] / ms[key],
                     "on_gpu": not ctx.cpu_small,
-                    "backend": STOCK if variant == STOCK else backend,
+                    "backend": backend or STOCK,
                 }
             )
         del x, timings
@@ -111,7 +124,7 @@ def report_casts(rows: list[dict[str, Any]]) -> str:
         "x floor: time / (those bytes at the copy bandwidth); current scaling reads x twice (>= 1.67x from HBM)",
     ]
     if rows:
-        notes.append(f"ampkernels backend: {rows[-1]['backend']}")
+        notes.append(f"ampkernels backends: {', '.join(dict.fromkeys(r['backend'] for r in rows[1:]))}")
     if not on_gpu:
         notes.append(CPU_CACHE_NOTE)
     align = "ll" + "r" * (len(headers) - 2)

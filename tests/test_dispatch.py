@@ -39,7 +39,7 @@ def test_every_op_has_its_backends_and_one_variable():
         assert dispatch.BACKENDS[op] == ("native", "triton", "torch")
     assert dispatch.BACKENDS["scaled_matmul"] == ("auto", "triton", "wgmma", "wmma", "cublas", "torch")
     assert dispatch.BACKENDS["scaled_matmul_float8"] == ("auto", "triton", "wgmma", "cublas", "torch")
-    assert dispatch.BACKENDS["to_float8"] == ("triton", "torch")
+    assert dispatch.BACKENDS["to_float8"] == ("native", "triton", "torch")
     assert dispatch.BACKENDS["float8_fused"] == ("triton", "torch")
 
 

@@ -1,6 +1,7 @@
 """The FP8 casts (``ampkernels.float8.to_float8`` / ``to_float8_pair``) against ``reference.to_float8``, bit for bit.
 
-The Triton kernels run on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1`` (``tests/conftest.py``). Every
+Every kernel test runs each kernel backend that runs here (``KERNELS``): the native CUDA kernels on a GPU, and the
+Triton kernels on a GPU or on the CPU under ``TRITON_INTERPRET=1`` (``tests/conftest.py``). Every
 comparison is exact on both: data as uint8 codes, scale_inv / amax_out / found_inf as float32 bits. On a GPU the
 kernels round with the hardware's ``cvt.rn.satfinite``; under the interpreter (whose own float8 conversion rounds
 half up and turns NaN into a number) with the kernel's integer rounding, which the GPU tests also check against the
@@ -21,6 +22,12 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TRITON_REASON = dispatch.why_not("to_float8", "triton", DEV)
 needs_triton = pytest.mark.skipif(TRITON_REASON is not None, reason=str(TRITON_REASON))
 gpu = pytest.mark.gpu
+#: The kernel backends, each skipped where it cannot run (native: CUDA tensors in a CUDA build).
+KERNELS = [
+    pytest.param(name, marks=pytest.mark.skipif(reason is not None, reason=str(reason)))
+    for name, reason in ((name, dispatch.why_not("to_float8", name, DEV)) for name in ("native", "triton"))
+]
+RUNNING_KERNELS = [name for name in ("native", "triton") if dispatch.why_not("to_float8", name, DEV) is None]
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 INPUTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -99,9 +106,10 @@ def _run(path, x, dtype, delayed, backend, record=True):
     return ours, amax_out, found_inf
 
 
-def _check(path, x, dtype, delayed=False, record=True):
-    """The Triton cast equals the reference (same inputs, same previous state), every output bit for bit."""
-    ours, amax, flag = _run(path, x, dtype, delayed, "triton", record)
+def _check(path, x, dtype, delayed=False, record=True, backend="triton"):
+    """The kernel backend's cast equals the reference (same inputs, same previous state), every output bit for
+    bit."""
+    ours, amax, flag = _run(path, x, dtype, delayed, backend, record)
     ref, ref_amax, ref_flag = _run(path, x, dtype, delayed, "torch", record)
     for a, e in zip(ours, ref):
         assert_same(a, e)
@@ -127,75 +135,85 @@ def test_reference_matches_the_unfused_torch_recipe():
 
 
 def test_backend_choice():
-    assert dispatch.BACKENDS["to_float8"] == ("triton", "torch")
+    assert dispatch.BACKENDS["to_float8"] == ("native", "triton", "torch")
     assert dispatch.VARIABLES["to_float8"] == "AMPKERNELS_FLOAT8_BACKEND"
     assert dispatch.select("to_float8", "cpu") == "torch"
-    if torch.cuda.is_available() and dispatch.why_not("to_float8", "triton", "cuda") is None:
-        assert dispatch.select("to_float8", "cuda") == "triton"
+    assert "CUDA tensors only" in dispatch.why_not("to_float8", "native", "cpu")
+    if torch.cuda.is_available() and RUNNING_KERNELS:
+        assert dispatch.select("to_float8", "cuda") == RUNNING_KERNELS[0]
 
 
-def test_global_native_leaves_the_casts_on_their_default(monkeypatch):
+def test_native_where_it_cannot_run_leaves_the_casts_on_their_default(monkeypatch):
+    """AMPKERNELS_BACKEND=native takes the native casts where they run (CUDA tensors) and leaves the rest on their
+    default; AMPKERNELS_FLOAT8_BACKEND=native asks for them (an error where they cannot run) and leaves the fused
+    kernels, which have no native version, on theirs."""
     monkeypatch.delenv("AMPKERNELS_FLOAT8_BACKEND", raising=False)
     monkeypatch.setenv("AMPKERNELS_BACKEND", "native")
     assert dispatch.select("to_float8", "cpu") == "torch"
     monkeypatch.setenv("AMPKERNELS_FLOAT8_BACKEND", "native")
-    with pytest.raises(ValueError, match="AMPKERNELS_FLOAT8_BACKEND.*triton/torch"):
+    with pytest.raises(RuntimeError, match="AMPKERNELS_FLOAT8_BACKEND.*CUDA tensors only"):
+        dispatch.select("to_float8", "cpu")
+    assert dispatch.select("float8_fused", "cpu") == "torch"
+    monkeypatch.setenv("AMPKERNELS_FLOAT8_BACKEND", "wgmma")
+    with pytest.raises(ValueError, match="AMPKERNELS_FLOAT8_BACKEND.*native/triton/torch"):
         dispatch.select("to_float8", "cpu")
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Triton against the reference
+# The kernels against the reference
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("in_dtype", INPUTS, ids=str)
 @pytest.mark.parametrize("dtype", FP8, ids=str)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("shape", [(333, 129), (48, 96), (256, 64)], ids=str)
-def test_every_path_bitwise(shape, path, delayed, dtype, in_dtype):
+def test_every_path_bitwise(shape, path, delayed, dtype, in_dtype, backend):
     """(48, 96) and (256, 64): rows whose stores vectorize, where the H200 once wrote fp32 pairs wrong."""
-    _check(path, _data(shape, in_dtype), dtype, delayed)
+    _check(path, _data(shape, in_dtype), dtype, delayed, backend=backend)
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("shape", [(1, 1), (7, 13), (2, 3, 17), (64, 64), (1, 300), (300, 1)], ids=str)
 @pytest.mark.parametrize("path", list(PATHS))
-def test_odd_shapes(path, shape):
-    _check(path, _data(shape, torch.bfloat16, seed=3), torch.float8_e4m3fn)
+def test_odd_shapes(path, shape, backend):
+    _check(path, _data(shape, torch.bfloat16, seed=3), torch.float8_e4m3fn, backend=backend)
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
-def test_long_rows_walk_the_row_in_blocks(delayed):
-    """Rows longer than one rowwise block (ROW_ELEMENTS): the row is read twice for current scaling."""
-    _check("row", _data((3, 4500), torch.float16, seed=4), torch.float8_e5m2, delayed)
+def test_long_rows_walk_the_row_in_blocks(delayed, backend):
+    """Rows longer than one rowwise block (Triton's ROW_ELEMENTS) or than the native kernel keeps in registers
+    (2048 vectors): the row is read twice for current scaling."""
+    _check("row", _data((3, 4500), torch.float16, seed=4), torch.float8_e5m2, delayed, backend=backend)
+    _check("row", _data((3, 20000), torch.float16, seed=4), torch.float8_e5m2, delayed, backend=backend)
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 @pytest.mark.parametrize("path", list(PATHS))
-def test_without_amax_out_or_found_inf(path, delayed):
-    _check(path, _data((65, 70), seed=5), torch.float8_e4m3fn, delayed, record=False)
+def test_without_amax_out_or_found_inf(path, delayed, backend):
+    _check(path, _data((65, 70), seed=5), torch.float8_e4m3fn, delayed, record=False, backend=backend)
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "permuted_3d"])
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 @pytest.mark.parametrize("path", list(PATHS))
-def test_non_contiguous_inputs(path, delayed, layout):
+def test_non_contiguous_inputs(path, delayed, layout, backend):
     base = _data((4, 70, 96), torch.bfloat16, seed=6)
     x = {"transposed": base[0].t(), "sliced": base[1, :, ::3], "permuted_3d": base.permute(1, 0, 2)}[layout]
     assert not x.is_contiguous()
-    _check(path, x, torch.float8_e4m3fn, delayed)
+    _check(path, x, torch.float8_e4m3fn, delayed, backend=backend)
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 @pytest.mark.parametrize("dtype", FP8, ids=str)
 @pytest.mark.parametrize("path", list(PATHS))
-def test_inf_and_nan(path, dtype, delayed):
+def test_inf_and_nan(path, dtype, delayed, backend):
     """Non-finite elements become NaN, the scale of their tensor (or row) is 1.0 under current scaling, found_inf is
     set and the amax is not recorded (tensorwise; per row only for the rows that hold them)."""
     x = _data((70, 45), torch.float32, seed=7)
@@ -203,23 +221,23 @@ def test_inf_and_nan(path, dtype, delayed):
     x[20, 44] = float("nan")
     x[69, 0] = -float("inf")
     x[33, 7] = float("nan")
-    (*outs,), amax, flag = _check(path, x, dtype, delayed)
+    (*outs,), amax, flag = _check(path, x, dtype, delayed, backend=backend)
     assert flag.item() == 1.0
     assert outs[0].float().isnan().sum().item() == 4
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("path", list(PATHS))
-def test_all_zero_tensor(path):
+def test_all_zero_tensor(path, backend):
     """amax 0: the floor gives a large finite scale; every code 0."""
     x = torch.zeros(40, 50, device=DEV, dtype=torch.bfloat16)
-    (*outs,), amax, flag = _check(path, x, torch.float8_e4m3fn)
+    (*outs,), amax, flag = _check(path, x, torch.float8_e4m3fn, backend=backend)
     assert flag.item() == 0.0 and torch.isfinite(outs[-1]).all()
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("dtype", FP8, ids=str)
-def test_rounding_ties_subnormals_and_saturation(dtype):
+def test_rounding_ties_subnormals_and_saturation(dtype, backend):
     """Through the cast with scale 1: every float8 value, the midpoints between neighbours (ties: to even), the
     float32 values just either side of them, values beyond the largest finite one (saturate), signed zeros."""
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float()
@@ -237,7 +255,7 @@ def test_rounding_ties_subnormals_and_saturation(dtype):
     )
     x = x.reshape(1, -1).to(DEV)
     one = torch.ones((), device=DEV)
-    data, _ = to_float8(x, dtype, scale=one, backend="triton")
+    data, _ = to_float8(x, dtype, scale=one, backend=backend)
     assert_same(data, reference.to_float8(x, dtype, scale=one)[0])
 
 
@@ -246,8 +264,7 @@ def test_rounding_ties_subnormals_and_saturation(dtype):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@needs_triton
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", [*KERNELS, "torch"])
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 def test_amax_out_keeps_the_max_and_skips_non_finite(delayed, backend):
     x = _data((30, 40), seed=8)
@@ -265,8 +282,7 @@ def test_amax_out_keeps_the_max_and_skips_non_finite(delayed, backend):
     assert amax_out.item() == 0.0 and found_inf.item() == 1.0
 
 
-@needs_triton
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", [*KERNELS, "torch"])
 @pytest.mark.parametrize("path", list(PATHS))
 def test_found_inf_is_never_cleared(path, backend):
     granularity, transpose, pair = PATHS[path]
@@ -279,14 +295,14 @@ def test_found_inf_is_never_cleared(path, backend):
     assert found_inf.item() == 1.0
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
-def test_rowwise_records_per_row(granularity):
+def test_rowwise_records_per_row(granularity, backend):
     x = _data((12, 33), seed=10)
     x[4, 1] = float("nan")
-    _check("row", x, torch.float8_e4m3fn)
+    _check("row", x, torch.float8_e4m3fn, backend=backend)
     amax_out = torch.zeros(12, 1, device=DEV)
-    to_float8(x, granularity="row", amax_out=amax_out, backend="triton")
+    to_float8(x, granularity="row", amax_out=amax_out, backend=backend)
     expected = x.abs().amax(dim=1, keepdim=True)
     expected[4] = 0.0
     assert_same(amax_out, expected)
@@ -297,26 +313,26 @@ def test_rowwise_records_per_row(granularity):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 @pytest.mark.parametrize("transpose", [False, True])
-def test_delayed_with_the_current_scale_equals_current(granularity, transpose):
+def test_delayed_with_the_current_scale_equals_current(granularity, transpose, backend):
     x = _data((50, 77), torch.bfloat16, seed=11)
     scale = reference.float8_scale(reference.float8_amax(x, granularity, transpose), torch.float8_e4m3fn)
-    current = to_float8(x, granularity=granularity, transpose=transpose, backend="triton")
-    delayed = to_float8(x, granularity=granularity, transpose=transpose, scale=scale, backend="triton")
+    current = to_float8(x, granularity=granularity, transpose=transpose, backend=backend)
+    delayed = to_float8(x, granularity=granularity, transpose=transpose, scale=scale, backend=backend)
     for a, b in zip(current, delayed):
         assert_same(a, b)
 
 
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
-def test_pair_equals_two_single_casts(delayed):
+def test_pair_equals_two_single_casts(delayed, backend):
     x = _data((90, 61), torch.float16, seed=12)
     scale = _scale_for(x, "tensor", False, torch.float8_e5m2) if delayed else None
-    data, data_t, scale_inv = to_float8_pair(x, torch.float8_e5m2, scale=scale, backend="triton")
-    single, single_inv = to_float8(x, torch.float8_e5m2, scale=scale, backend="triton")
-    single_t, _ = to_float8(x, torch.float8_e5m2, scale=scale, transpose=True, backend="triton")
+    data, data_t, scale_inv = to_float8_pair(x, torch.float8_e5m2, scale=scale, backend=backend)
+    single, single_inv = to_float8(x, torch.float8_e5m2, scale=scale, backend=backend)
+    single_t, _ = to_float8(x, torch.float8_e5m2, scale=scale, transpose=True, backend=backend)
     assert_same(data, single)
     assert_same(data_t, single_t)
     assert_same(scale_inv, single_inv)
@@ -370,7 +386,7 @@ def test_dequantizes_to_x():
         (dict(amax_out=torch.ones(2, 3)[:, :1], granularity="row", x=torch.ones(2, 4)), "amax_out"),
         (dict(found_inf=torch.zeros(2)), "found_inf"),
         (dict(found_inf=torch.zeros(1, dtype=torch.int32)), "found_inf"),
-        (dict(backend="native"), "backend"),
+        (dict(backend="wgmma"), "backend"),
     ],
 )
 def test_errors_name_the_argument(kwargs, argument):
@@ -404,7 +420,7 @@ def test_wrong_device_names_the_argument():
 
 
 def _op_backends():
-    return ["torch"] + (["triton"] if TRITON_REASON is None else [])
+    return ["torch", *RUNNING_KERNELS]
 
 
 @pytest.mark.parametrize("backend", _op_backends())
@@ -421,6 +437,60 @@ def test_opcheck(path, delayed, backend):
     else:
         args = (x, torch.float8_e4m3fn, granularity, scale, amax_out, transpose, found_inf, backend)
         torch.library.opcheck(torch.ops.ampkernels.to_float8.default, args)
+
+
+NATIVE_OP = dispatch.float8_cast_op()
+needs_native_op = pytest.mark.skipif(NATIVE_OP is None, reason="ampkernels._C without to_float8_native")
+
+
+@needs_native_op
+@pytest.mark.parametrize(
+    "change, argument",
+    [
+        (dict(x=torch.ones(3, 4, dtype=torch.int32)), "x"),
+        (dict(x=torch.ones(3, 4, 2)), "x"),
+        (dict(x=torch.ones(0, 4)), "x"),
+        (dict(dtype=torch.float16), "dtype"),
+        (dict(write_data=False, write_t=False), "write_data"),
+        (dict(per_row=True, write_t=True), "per_row"),
+        (dict(scale=torch.ones(2)), "scale"),
+        (dict(scale=torch.ones(3, 2)[:, 0], per_row=True), "scale"),
+        (dict(amax_out=torch.ones(1, dtype=torch.float64)), "amax_out"),
+        (dict(found_inf=torch.ones(2)), "found_inf"),
+        (dict(amax_scratch=torch.zeros(3, dtype=torch.int32), per_row=True), "amax_scratch"),
+        (dict(amax_scratch=torch.zeros(4, dtype=torch.int32)), "amax_scratch"),
+    ],
+)
+def test_native_op_errors_name_the_argument(change, argument):
+    """The op's own checks (for callers of torch.ops.ampkernels.to_float8_native), testable on the CPU."""
+    args = dict(x=torch.ones(3, 4), dtype=torch.float8_e4m3fn, per_row=False, write_data=True, write_t=False)
+    args.update(scale=None, amax_out=None, found_inf=None, amax_scratch=None)
+    args.update(change)
+    with pytest.raises(RuntimeError, match=f"argument '{argument}'"):
+        NATIVE_OP(*args.values())
+
+
+@needs_native_op
+def test_native_op_on_cpu_tensors_says_where_it_runs():
+    with pytest.raises(RuntimeError, match="CUDA tensors only"):
+        NATIVE_OP(torch.ones(3, 4), torch.float8_e4m3fn, False, True, False, None, None, None, None)
+
+
+@gpu
+@needs_native_op
+@pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_native_op_opcheck(path, delayed):
+    granularity, transpose, pair = PATHS[path]
+    x = _data((40, 48), seed=13)
+    scale = _scale_for(x, granularity, transpose, torch.float8_e4m3fn).reshape(-1) if delayed else None
+    amax_out, found_inf = _state(x, granularity, transpose)
+    per_row = granularity == "row"
+    args = (x, torch.float8_e4m3fn, per_row, pair or not transpose, pair or transpose, scale, amax_out.reshape(-1))
+    # NOTE: test_schema is left out: it runs the op on fake float8 values, whose arithmetic CUDA lacks.
+    torch.library.opcheck(
+        NATIVE_OP.default, (*args, found_inf, None), test_utils=("test_faketensor", "test_autograd_registration")
+    )
 
 
 def test_torch_compile_fullgraph():
@@ -444,17 +514,17 @@ def test_torch_compile_fullgraph():
 
 
 @gpu
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
-def test_cuda_graph_capture(delayed):
+def test_cuda_graph_capture(delayed, backend):
     x = _data((256, 384), torch.bfloat16, seed=14)
     scale = _scale_for(x, "tensor", False, torch.float8_e4m3fn) if delayed else None
     amax_out, found_inf = torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")
 
     def casts():
-        a = to_float8(x, scale=scale, amax_out=amax_out, found_inf=found_inf)
-        b = to_float8(x, granularity="row", transpose=True, amax_out=None)
-        c = to_float8_pair(x, scale=scale)
+        a = to_float8(x, scale=scale, amax_out=amax_out, found_inf=found_inf, backend=backend)
+        b = to_float8(x, granularity="row", transpose=True, amax_out=None, backend=backend)
+        c = to_float8_pair(x, scale=scale, backend=backend)
         return (*a, *b, *c)
 
     stream = torch.cuda.Stream()
@@ -482,13 +552,13 @@ def test_cuda_graph_capture(delayed):
 
 
 @gpu
-@needs_triton
+@pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 @pytest.mark.parametrize("path", list(PATHS))
-def test_large_bitwise(path, delayed):
+def test_large_bitwise(path, delayed, backend):
     """Sizes past one grid of persistent programs, K past one rowwise block; bf16 activations' shape."""
-    for shape in ((4096, 4096), (3, 2048, 1000), (64, 12000)):
-        _check(path, _data(shape, torch.bfloat16, seed=15), torch.float8_e4m3fn, delayed)
+    for shape in ((4096, 4096), (3, 2048, 1000), (64, 12000), (2048, 40000)):
+        _check(path, _data(shape, torch.bfloat16, seed=15), torch.float8_e4m3fn, delayed, backend=backend)
 
 
 @gpu

@@ -234,13 +234,21 @@ def test_recorded_amax_is_the_outputs_finite_amax_and_flags_non_finite(producer)
 
 
 @needs_triton
+@pytest.mark.parametrize(
+    "casts_backend",
+    [
+        pytest.param(name, marks=pytest.mark.skipif(reason is not None, reason=str(reason)))
+        for name, reason in ((name, dispatch.why_not("to_float8", name, DEV)) for name in ("native", "triton"))
+    ],
+)
 @pytest.mark.parametrize("producer", ["rms_norm", "silu_mul"])
-def test_float8_linear_after_a_producer_skips_its_amax_pass_bit_for_bit(producer, monkeypatch):
+def test_float8_linear_after_a_producer_skips_its_amax_pass_bit_for_bit(producer, casts_backend, monkeypatch):
     """A Float8Linear reading a producer's output takes the recorded amax (no amax pass) and computes exactly what it
-    computes on a copy of that output (which has no record), forward and backward."""
+    computes on a copy of that output (which has no record), forward and backward, with either kernel backend of the
+    casts (the fused kernels stay on Triton: they have no native version)."""
     from ampkernels.float8 import casts, linear
 
-    monkeypatch.setenv("AMPKERNELS_FLOAT8_BACKEND", "triton")  # (on the CPU: the casts in the interpreter too)
+    monkeypatch.setenv("AMPKERNELS_FLOAT8_BACKEND", casts_backend)  # (on the CPU: the casts in the interpreter too)
     taken = []
     original = casts.cast_with_produced_amax
     monkeypatch.setattr(linear, "cast_with_produced_amax", lambda *a, **k: taken.append(1) or original(*a, **k))

@@ -11,7 +11,7 @@ from ampkernels import _native_fakes, dispatch
 pytestmark = pytest.mark.skipif(dispatch.native() is None, reason="native extension not available")
 
 # The schemas each family's TORCH_LIBRARY_FRAGMENT registers (csrc/scaler/scaler_ops.cpp,
-# csrc/matmul/scaled_matmul_ops.cpp).
+# csrc/matmul/scaled_matmul_ops.cpp, csrc/float8/float8_ops.cpp).
 SCHEMAS = {
     "unscale_reduce_": "ampkernels::unscale_reduce_(Tensor(a!)[] tensors, Tensor scale, Tensor(b!) found_inf, "
     "Tensor? factor, bool write, float norm_type, bool per_tensor, float max_norm) -> (Tensor, Tensor, Tensor)",
@@ -25,6 +25,9 @@ SCHEMAS = {
     "scaled_matmul_fp8_wgmma_": "ampkernels::scaled_matmul_fp8_wgmma_(Tensor a, Tensor b, Tensor? scale_a, "
     "Tensor? scale_b, Tensor? scale, int scale_mode, float alpha, Tensor? bias, Tensor(a!) out, bool accumulate, "
     "Tensor(b!)? found_inf, Tensor(c!)? amax_out) -> ()",
+    "to_float8_native": "ampkernels::to_float8_native(Tensor x, ScalarType dtype, bool per_row, bool write_data, "
+    "bool write_t, Tensor? scale, Tensor(a!)? amax_out, Tensor(b!)? found_inf, Tensor? amax_scratch) "
+    "-> (Tensor, Tensor, Tensor)",
 }
 
 

@@ -2,8 +2,9 @@
 the ``torch.library`` ops ``ampkernels::to_float8`` / ``ampkernels::to_float8_pair`` with fake implementations, and
 the launch on the backend :mod:`ampkernels.dispatch` picks). Semantics: :func:`ampkernels.reference.to_float8`.
 
-Backends: ``"triton"`` (``ampkernels/triton/float8_casts.py``; the default on CUDA tensors) and ``"torch"`` (the
-reference; the default on CPU tensors). Empty tensors take the reference on either (nothing for a kernel to do).
+Backends: ``"native"`` (the op ``ampkernels::to_float8_native``, CUDA kernels in ``csrc/float8/casts.cu``; the
+default on CUDA tensors), ``"triton"`` (``ampkernels/triton/float8_casts.py``) and ``"torch"`` (the reference; the
+default on CPU tensors). Empty tensors take the reference on any (nothing for a kernel to do).
 """
 
 from __future__ import annotations
@@ -92,11 +93,22 @@ def _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, b
     return x2, scale, name
 
 
+def _native(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch=None):
+    """The CUDA casts (``ampkernels::to_float8_native``): (data or empty, data_t or empty, scale_inv)."""
+    flat = (None if t is None else t.view(-1) for t in (amax_out, found_inf))
+    return torch.ops.ampkernels.to_float8_native(x, dtype, per_row, write_data, write_t, scale, *flat, amax_scratch)
+
+
 def _launch(x, dtype, granularity, scale, amax_out, transpose, found_inf, backend):
     if backend == "torch" or x.numel() == 0:
         return reference.to_float8(
             x, dtype, granularity, scale=scale, amax_out=amax_out, transpose=transpose, found_inf=found_inf
         )
+    if backend == "native":
+        data, data_t, scale_inv = _native(
+            x, dtype, granularity == "row", not transpose, transpose, scale, amax_out, found_inf
+        )
+        return (data_t if transpose else data), scale_inv
     return dispatch.triton_module("to_float8").to_float8(
         x,
         dtype,
@@ -111,6 +123,8 @@ def _launch(x, dtype, granularity, scale, amax_out, transpose, found_inf, backen
 def _launch_pair(x, dtype, scale, amax_out, found_inf, backend):
     if backend == "torch" or x.numel() == 0:
         return reference.to_float8_pair(x, dtype, scale=scale, amax_out=amax_out, found_inf=found_inf)
+    if backend == "native":
+        return _native(x, dtype, False, True, True, scale, amax_out, found_inf)
     return dispatch.triton_module("to_float8").to_float8_pair(
         x,
         dtype,
@@ -229,12 +243,16 @@ def cast_with_produced_amax(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
     """Tensorwise current-scaling cast of a [M, K] ``x`` whose producer (:mod:`ampkernels.float8.fused`) recorded
     its amax in ``amax_scratch``: ``(data, data_t or None, scale_inv)`` equal, bit for bit, to :func:`to_float8_pair`
-    (``pair``) or :func:`to_float8`, without their amax pass. None where that does not apply (a backend other than
-    Triton, a traced call): the caller casts as usual."""
-    if dispatch.select("to_float8", x.device) != "triton" or not _plain_eager(x):
+    (``pair``) or :func:`to_float8`, without their amax pass. None where that does not apply (the reference backend,
+    a traced call): the caller casts as usual."""
+    backend = dispatch.select("to_float8", x.device)
+    if backend == "torch" or not _plain_eager(x):
         return None
-    kernels = dispatch.triton_module("to_float8")
     x = x.detach()
+    if backend == "native":
+        data, data_t, scale_inv = _native(x, dtype, False, True, pair, None, None, None, amax_scratch)
+        return data, (data_t if pair else None), scale_inv
+    kernels = dispatch.triton_module("to_float8")
     if pair:
         return kernels.to_float8_pair(x, dtype, None, None, None, amax_scratch)
     data, scale_inv = kernels.to_float8(x, dtype, "tensor", None, None, False, None, amax_scratch)

@@ -1,0 +1,646 @@
+// FP8 casts on CUDA (ampkernels::to_float8_native; semantics: ampkernels.reference.to_float8, bit for bit).
+//
+// Kernels, each a template over the input type T, the number VEC of elements per access (16 bytes, or 1 where x's
+// strides or alignment forbid vectors) and the float8 format:
+//   amax_flat_kernel     finite max |x| and the non-finite flag of a contiguous tensor (grid-stride, 4 loads in
+//                        flight per thread), one atomic each per block into a zeroed int32 scratch;
+//   amax_columns_kernel  the same over a strided [M, K] matrix, per tensor or per column (the scales of a rowwise
+//                        cast of x.T);
+//   cast_flat_kernel     tensorwise cast of a contiguous tensor, walked backwards (the amax pass's tail is in L2);
+//   cast_rows_kernel     one block per row: the row's amax and its cast, the row kept in registers up to 16K
+//                        elements (one read);
+//   cast_tiles_kernel    64 x 128 tiles of a strided [M, K] matrix written as [M, K] and/or [K, M] through shared
+//                        memory (coalesced 16-byte reads and writes in both layouts), per tensor or per column.
+// Current scaling reads the amax pass's scratch and computes the scale in the kernel; delayed scaling (a given
+// scale) records this pass's amax into the scratch, and the last block to finish (an atomic ticket) writes amax_out
+// and found_inf. The scratch layout, int32 [2 * columns + 1] = (finite amax as float bits, non-finite flags, ticket),
+// is the one the Triton casts and the fused producers of ampkernels.float8 use. Nothing here syncs with the host.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "common/checks.h"
+#include "common/multi_tensor_apply.cuh"
+#include "common/vector_access.cuh"
+#include "float8/casts.h"
+
+namespace ampkernels {
+namespace cuda {
+namespace {
+
+// Floor of the amax a scale is computed from (reference.FLOAT8_AMAX_FLOOR).
+constexpr float kAmaxFloor = 1e-12f;
+constexpr int kLoadsInFlight = 4;
+// Tiles of the transposing casts: 64 rows of x (a 64-byte segment of an x.T row) by 128 columns (a 128-byte
+// segment of an x row); a shared-memory row of codes is padded by 8 bytes (8-byte stores stay aligned, and the
+// column reads of the transposed write, 32 consecutive bytes of one row per warp, hit distinct banks).
+constexpr int kTileM = 64;
+constexpr int kTileK = 128;
+constexpr int kTilePad = 8;
+constexpr int kTransposedRun = 16;  // bytes of an x.T row one thread writes (one 16-byte store)
+// A rowwise cast keeps up to kThreads * kRowVecs vectors of a row in registers; longer rows are read twice.
+constexpr int kRowVecs = 8;
+
+template <bool kE4M3>
+struct Fp8 {
+  static constexpr float kMax = kE4M3 ? 448.0f : 57344.0f;
+  static constexpr __nv_fp8_interpretation_t kKind = kE4M3 ? __NV_E4M3 : __NV_E5M2;
+};
+
+// The pointers of one cast's scalars (nullptr where absent).
+struct CastState {
+  const float* scale;      // delayed scaling: the given scale(s); nullptr: current scaling, from the scratch
+  float* scale_inv;        // 1 / scale, one or per row of the written matrix
+  unsigned* scratch_amax;  // finite amax as float bits (non-negative floats order as unsigned integers)
+  int* scratch_bad;        // non-finite flags
+  unsigned* ticket;        // blocks finished (the last one finishes a delayed pass's record)
+  float* amax_out;         // max(amax_out, amax) where the amax is finite
+  float* found_inf;        // set to 1 when x holds an inf or NaN
+  bool record;             // delayed: reduce this pass's amax into the scratch and finish it
+};
+
+// reference.float8_scale: 1 for a non-finite amax, else reciprocal(max(amax, floor)) * max, each step rounded.
+__device__ __forceinline__ float scale_of(float amax, bool bad, float fp8_max) {
+  return bad ? 1.0f : __frcp_rn(fmaxf(amax, kAmaxFloor)) * fp8_max;
+}
+
+// amax_out's new value: max(prev, amax), prev where the amax is not finite (or prev is NaN, as torch.maximum keeps).
+__device__ __forceinline__ float recorded(float prev, float amax, bool bad) {
+  return (bad || amax <= prev || prev != prev) ? prev : amax;
+}
+
+__device__ __forceinline__ void accumulate(float v, float& acc, bool& bad) {
+  const float a = fabsf(v);
+  const bool finite = a < INFINITY;
+  acc = fmaxf(acc, finite ? a : 0.0f);
+  bad |= !finite;
+}
+
+// (x * scale) clamped to +-max (a NaN product stays NaN, as torch.clamp keeps it), NaN where x is not finite.
+template <bool kE4M3>
+__device__ __forceinline__ float saturated(float x, float scale) {
+  constexpr float kMax = Fp8<kE4M3>::kMax;
+  float p = x * scale;
+  p = p > kMax ? kMax : p;
+  p = p < -kMax ? -kMax : p;
+  return fabsf(x) < INFINITY ? p : __int_as_float(0x7fc00000);
+}
+
+// Float8 bits of N saturated values, rounded to nearest even (cvt.rn.satfinite on sm_89+, two per instruction;
+// NaN becomes 0x7F, what torch writes for the reference's NaN).
+template <bool kE4M3, int N>
+__device__ __forceinline__ void encode(uint8_t (&out)[N], const float (&p)[N]) {
+  if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int e = 0; e < N; e += 2) {
+      const __nv_fp8x2_storage_t two =
+          __nv_cvt_float2_to_fp8x2(make_float2(p[e], p[e + 1]), __NV_SATFINITE, Fp8<kE4M3>::kKind);
+      out[e] = static_cast<uint8_t>(two & 0xff);
+      out[e + 1] = static_cast<uint8_t>(two >> 8);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) out[e] = __nv_cvt_float_to_fp8(p[e], __NV_SATFINITE, Fp8<kE4M3>::kKind);
+  }
+}
+
+// VEC elements of a row at element index `i` (a multiple of VEC) and column stride `stride` (1 when VEC > 1).
+template <int VEC, typename T>
+__device__ __forceinline__ Vec<T, VEC> load_vec(const T* row, int64_t i, int64_t stride) {
+  if constexpr (VEC == 1) {
+    return Vec<T, 1>{{row[i * stride]}};
+  } else {
+    return *reinterpret_cast<const Vec<T, VEC>*>(row + i);
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_codes(uint8_t* dst, const uint8_t (&c)[VEC]) {
+  Vec<uint8_t, VEC> r;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) r.v[e] = c[e];
+  *reinterpret_cast<Vec<uint8_t, VEC>*>(dst) = r;
+}
+
+// The codes of one vector under one scale (and, with kRecord, its amax into acc/bad).
+template <bool kE4M3, int VEC, typename T>
+__device__ __forceinline__ void cast_vec(uint8_t (&c)[VEC], const Vec<T, VEC>& r, float scale, bool record,
+                                         float& acc, bool& bad) {
+  float p[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const float v = static_cast<float>(r.v[e]);
+    p[e] = saturated<kE4M3>(v, scale);
+    if (record) accumulate(v, acc, bad);
+  }
+  encode<kE4M3>(c, p);
+}
+
+// The scale of a tensorwise cast; the leader (one thread of the launch) writes scale_inv, and for current scaling
+// amax_out and found_inf.
+template <bool kE4M3>
+__device__ __forceinline__ float tensor_scale(const CastState& s, bool leader) {
+  if (s.scale != nullptr) {
+    const float scale = *s.scale;
+    if (leader) *s.scale_inv = __frcp_rn(scale);
+    return scale;
+  }
+  const float amax = __uint_as_float(*s.scratch_amax);
+  const bool bad = *s.scratch_bad != 0;
+  const float scale = scale_of(amax, bad, Fp8<kE4M3>::kMax);
+  if (leader) {
+    *s.scale_inv = __frcp_rn(scale);
+    if (s.amax_out != nullptr) *s.amax_out = recorded(*s.amax_out, amax, bad);
+    if (s.found_inf != nullptr && bad) *s.found_inf = 1.0f;
+  }
+  return scale;
+}
+
+// A block's (acc, bad) into the tensorwise scratch. Every thread calls it.
+__device__ __forceinline__ void reduce_into_scratch(float acc, bool bad, unsigned* scratch_amax, int* scratch_bad) {
+  block_reduce<true>(bad, acc);
+  if (threadIdx.x == 0) {
+    atomicMax(scratch_amax, __float_as_uint(acc));
+    if (bad) atomicOr(scratch_bad, 1);
+  }
+}
+
+// Whether this block is the last of the launch to get here; its thread 0's scratch atomics come before the ticket.
+__device__ __forceinline__ bool last_block(unsigned* ticket) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(ticket, 1u) == gridDim.x * gridDim.y - 1;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+// amax_out and found_inf from the complete tensorwise scratch (thread 0 of the last block).
+__device__ __forceinline__ void finish_tensor(const CastState& s) {
+  if (threadIdx.x != 0) return;
+  const float amax = __uint_as_float(atomicOr(s.scratch_amax, 0u));  // atomic reads: the partials were atomics
+  const bool bad = atomicOr(s.scratch_bad, 0) != 0;
+  if (s.amax_out != nullptr) *s.amax_out = recorded(*s.amax_out, amax, bad);
+  if (s.found_inf != nullptr && bad) *s.found_inf = 1.0f;
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    amax_flat_kernel(const T* __restrict__ x, int64_t n, unsigned* scratch_amax, int* scratch_bad) {
+  float acc = 0.0f;
+  bool bad = false;
+  const int64_t nvec = n / VEC;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  for (; i + (kLoadsInFlight - 1) * stride < nvec; i += kLoadsInFlight * stride) {
+    Vec<T, VEC> r[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) r[u] = load_vec<VEC>(x, (i + u * stride) * VEC, 1);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r[u].v[e]), acc, bad);
+  }
+  for (; i < nvec; i += stride) {
+    const Vec<T, VEC> r = load_vec<VEC>(x, i * VEC, 1);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r.v[e]), acc, bad);
+  }
+  for (int64_t e = nvec * VEC + int64_t(blockIdx.x) * kThreads + threadIdx.x; e < n; e += stride)
+    accumulate(static_cast<float>(x[e]), acc, bad);
+  reduce_into_scratch(acc, bad, scratch_amax, scratch_bad);
+}
+
+// Grid (row strips of `rows_per_block`, column blocks of 32 * VEC): each warp reads whole 32-vector row segments
+// (coalesced), the 8 warps of a block take every 8th row of the strip.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    amax_columns_kernel(const T* __restrict__ x, int64_t M, int64_t K, int64_t stride_m, int64_t stride_k,
+                        int64_t rows_per_block, unsigned* scratch_amax, int* scratch_bad, bool per_column) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float s_acc[kWarps][32 * VEC];
+  __shared__ int s_bad[kWarps][32 * VEC];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c0 = (int64_t(blockIdx.y) * 32 + lane) * VEC;
+  const int64_t strip_end = (int64_t(blockIdx.x) + 1) * rows_per_block;
+  const int64_t m_end = strip_end < M ? strip_end : M;
+  float acc[VEC];
+  bool bad[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) acc[e] = 0.0f, bad[e] = false;
+  if (c0 < K) {
+#pragma unroll 4
+    for (int64_t m = int64_t(blockIdx.x) * rows_per_block + warp; m < m_end; m += kWarps) {
+      const Vec<T, VEC> r = load_vec<VEC>(x + m * stride_m, c0, stride_k);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r.v[e]), acc[e], bad[e]);
+    }
+  }
+  if (!per_column) {
+    float a = 0.0f;
+    bool b = false;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) a = fmaxf(a, acc[e]), b |= bad[e];
+    reduce_into_scratch(a, b, scratch_amax, scratch_bad);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) s_acc[warp][lane * VEC + e] = acc[e], s_bad[warp][lane * VEC + e] = bad[e];
+  __syncthreads();
+  for (int c = threadIdx.x; c < 32 * VEC; c += kThreads) {
+    const int64_t col = int64_t(blockIdx.y) * 32 * VEC + c;
+    if (col >= K) continue;
+    float a = 0.0f;
+    int b = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) a = fmaxf(a, s_acc[w][c]), b |= s_bad[w][c];
+    atomicMax(scratch_amax + col, __float_as_uint(a));
+    if (b) atomicOr(scratch_bad + col, 1);
+  }
+}
+
+template <typename T, int VEC, bool kE4M3>
+__global__ void __launch_bounds__(kThreads)
+    cast_flat_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t n, CastState s) {
+  const float scale = tensor_scale<kE4M3>(s, blockIdx.x == 0 && threadIdx.x == 0);
+  const bool record = s.record;
+  float acc = 0.0f;
+  bool bad = false;
+  const int64_t nvec = n / VEC;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  // The tail (past the last whole vector) first, then the vectors from the last: memory the amax pass read last.
+  for (int64_t e = nvec * VEC + first; e < n; e += stride) {
+    uint8_t c[1];
+    cast_vec<kE4M3, 1>(c, Vec<T, 1>{{x[e]}}, scale, record, acc, bad);
+    out[e] = c[0];
+  }
+  int64_t i = first;
+  for (; i + (kLoadsInFlight - 1) * stride < nvec; i += kLoadsInFlight * stride) {
+    Vec<T, VEC> r[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) r[u] = load_vec<VEC>(x, (nvec - 1 - (i + u * stride)) * VEC, 1);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      uint8_t c[VEC];
+      cast_vec<kE4M3>(c, r[u], scale, record, acc, bad);
+      store_codes(out + (nvec - 1 - (i + u * stride)) * VEC, c);
+    }
+  }
+  for (; i < nvec; i += stride) {
+    uint8_t c[VEC];
+    cast_vec<kE4M3>(c, load_vec<VEC>(x, (nvec - 1 - i) * VEC, 1), scale, record, acc, bad);
+    store_codes(out + (nvec - 1 - i) * VEC, c);
+  }
+  if (!record) return;
+  reduce_into_scratch(acc, bad, s.scratch_amax, s.scratch_bad);
+  if (last_block(s.ticket)) finish_tensor(s);
+}
+
+// One block per row (grid-stride over rows): current scaling takes the row's amax (from registers, or a first read
+// for long rows), delayed scaling the row's given scale (recording the row's amax as it casts); then the codes.
+// VEC > 1 needs stride_k == 1 and K % VEC == 0.
+template <typename T, int VEC, bool kE4M3>
+__global__ void __launch_bounds__(kThreads)
+    cast_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t M, int64_t K, int64_t stride_m,
+                     int64_t stride_k, CastState s) {
+  __shared__ float s_amax;
+  __shared__ bool s_bad;
+  const int64_t nvec = K / VEC;
+  const bool in_registers = nvec <= int64_t(kThreads) * kRowVecs;
+  const bool current = s.scale == nullptr;
+  const bool record = s.record;  // delayed only
+  for (int64_t row = blockIdx.x; row < M; row += gridDim.x) {
+    const T* xr = x + row * stride_m;
+    uint8_t* outr = out + row * K;
+    float acc = 0.0f;
+    bool bad = false;
+    Vec<T, VEC> r[kRowVecs];
+    if (in_registers) {
+#pragma unroll
+      for (int j = 0; j < kRowVecs; ++j) {
+        const int64_t v = threadIdx.x + int64_t(j) * kThreads;
+        if (v < nvec) r[j] = load_vec<VEC>(xr, v * VEC, stride_k);
+      }
+    }
+    float scale;
+    if (current) {
+      if (in_registers) {
+#pragma unroll
+        for (int j = 0; j < kRowVecs; ++j)
+          if (threadIdx.x + int64_t(j) * kThreads < nvec)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r[j].v[e]), acc, bad);
+      } else {
+        for (int64_t v = threadIdx.x; v < nvec; v += kThreads) {
+          const Vec<T, VEC> rv = load_vec<VEC>(xr, v * VEC, stride_k);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(rv.v[e]), acc, bad);
+        }
+      }
+      block_reduce<true>(bad, acc);
+      if (threadIdx.x == 0) s_amax = acc, s_bad = bad;
+      __syncthreads();
+      scale = scale_of(s_amax, s_bad, Fp8<kE4M3>::kMax);
+    } else {
+      scale = s.scale[row];
+    }
+    if (in_registers) {
+#pragma unroll
+      for (int j = 0; j < kRowVecs; ++j) {
+        const int64_t v = threadIdx.x + int64_t(j) * kThreads;
+        if (v < nvec) {
+          uint8_t c[VEC];
+          cast_vec<kE4M3>(c, r[j], scale, record, acc, bad);
+          store_codes(outr + v * VEC, c);
+        }
+      }
+    } else {
+      for (int64_t v = threadIdx.x; v < nvec; v += kThreads) {  // current: the second read mostly hits L1/L2
+        uint8_t c[VEC];
+        cast_vec<kE4M3>(c, load_vec<VEC>(xr, v * VEC, stride_k), scale, record, acc, bad);
+        store_codes(outr + v * VEC, c);
+      }
+    }
+    if (record) {
+      block_reduce<true>(bad, acc);
+      if (threadIdx.x == 0) s_amax = acc, s_bad = bad;
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      s.scale_inv[row] = __frcp_rn(scale);
+      if (current || record) {
+        if (s.amax_out != nullptr) s.amax_out[row] = recorded(s.amax_out[row], s_amax, s_bad);
+        if (s.found_inf != nullptr && s_bad) *s.found_inf = 1.0f;
+      }
+    }
+  }
+}
+
+// One 64 x 128 tile of x per block, in the reverse of memory order (the amax pass's last reads are still in L2):
+// codes written as [M, K] (write_data) straight from registers and as [K, M] (write_t) through shared memory.
+// The scale is per tensor, or per column of x (per_column: the rowwise cast of x.T). VEC > 1 needs stride_k == 1,
+// K % VEC == 0 and 16-byte aligned rows.
+template <typename T, int VEC, bool kE4M3>
+__global__ void __launch_bounds__(kThreads)
+    cast_tiles_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, int64_t M,
+                      int64_t K, int64_t stride_m, int64_t stride_k, CastState s, bool per_column, bool write_data,
+                      bool write_t) {
+  constexpr int kVecsPerRow = kTileK / VEC;
+  constexpr int kVecsPerThread = kTileM * kVecsPerRow / kThreads;
+  static_assert(kThreads % kVecsPerRow == 0, "a thread keeps its columns across the rows of a tile");
+  __shared__ __align__(16) uint8_t codes[kTileM][kTileK + kTilePad];
+  __shared__ float s_scale[kTileK];
+  __shared__ unsigned s_colmax[kTileK];
+  __shared__ int s_colbad[kTileK];
+  const int64_t tiles_k = (K + kTileK - 1) / kTileK;
+  const int64_t tile = int64_t(gridDim.x) - 1 - blockIdx.x;
+  const int64_t m0 = (tile / tiles_k) * kTileM, k0 = (tile % tiles_k) * kTileK;
+  const bool record = s.record;
+  float scale = 1.0f;
+  if (threadIdx.x < kTileK) s_colmax[threadIdx.x] = 0u, s_colbad[threadIdx.x] = 0;
+  if (per_column) {
+    if (threadIdx.x < kTileK) {
+      const int64_t k = k0 + threadIdx.x;
+      float sc = 1.0f;
+      if (k < K) {
+        const bool leader = m0 == 0;  // the first row strip writes what is per column
+        if (s.scale != nullptr) {
+          sc = s.scale[k];
+        } else {
+          const float amax = __uint_as_float(s.scratch_amax[k]);
+          const bool bad = s.scratch_bad[k] != 0;
+          sc = scale_of(amax, bad, Fp8<kE4M3>::kMax);
+          if (leader && s.amax_out != nullptr) s.amax_out[k] = recorded(s.amax_out[k], amax, bad);
+          if (leader && s.found_inf != nullptr && bad) *s.found_inf = 1.0f;
+        }
+        if (leader) s.scale_inv[k] = __frcp_rn(sc);
+      }
+      s_scale[threadIdx.x] = sc;
+    }
+  } else {
+    scale = tensor_scale<kE4M3>(s, tile == 0 && threadIdx.x == 0);
+  }
+  __syncthreads();
+
+  const int cv = threadIdx.x % kVecsPerRow;  // this thread's columns: cv * VEC ... + VEC - 1 of the tile
+  const int64_t k = k0 + int64_t(cv) * VEC;
+  float col_scale[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) col_scale[e] = per_column ? s_scale[cv * VEC + e] : scale;
+  float acc[VEC];
+  bool bad[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) acc[e] = 0.0f, bad[e] = false;
+#pragma unroll
+  for (int i0 = 0; i0 < kVecsPerThread; i0 += kLoadsInFlight) {
+    Vec<T, VEC> r[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int64_t m = m0 + (threadIdx.x + (i0 + u) * kThreads) / kVecsPerRow;
+      if (m < M && k < K) r[u] = load_vec<VEC>(x + m * stride_m, k, stride_k);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int row = (threadIdx.x + (i0 + u) * kThreads) / kVecsPerRow;
+      const int64_t m = m0 + row;
+      if (m >= M || k >= K) continue;
+      float p[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float v = static_cast<float>(r[u].v[e]);
+        p[e] = saturated<kE4M3>(v, col_scale[e]);
+        if (record) accumulate(v, acc[e], bad[e]);
+      }
+      uint8_t c[VEC];
+      encode<kE4M3>(c, p);
+      if (write_data) store_codes(out + m * K + k, c);
+      if (write_t) store_codes(&codes[row][cv * VEC], c);
+    }
+  }
+  if (write_t) {
+    __syncthreads();
+    // Each thread writes 16 consecutive codes of one x.T row; a warp takes 32 consecutive rows of x.T, so its
+    // shared-memory reads are 32 consecutive bytes of one tile row.
+    constexpr int kRuns = kTileK * (kTileM / kTransposedRun);
+#pragma unroll
+    for (int j = 0; j < kRuns / kThreads; ++j) {
+      const int p = threadIdx.x + j * kThreads;
+      const int kk = p % kTileK, run = p / kTileK;
+      const int64_t kt = k0 + kk, mt = m0 + int64_t(run) * kTransposedRun;
+      if (kt >= K || mt >= M) continue;
+      uint8_t b[kTransposedRun];
+#pragma unroll
+      for (int e = 0; e < kTransposedRun; ++e) b[e] = codes[run * kTransposedRun + e][kk];
+      uint8_t* dst = out_t + kt * M + mt;
+      if (M % kTransposedRun == 0) {
+        store_codes(dst, b);
+      } else {
+        for (int e = 0; e < kTransposedRun && mt + e < M; ++e) dst[e] = b[e];
+      }
+    }
+  }
+  if (!record) return;
+  if (per_column) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      atomicMax(&s_colmax[cv * VEC + e], __float_as_uint(acc[e]));
+      if (bad[e]) atomicOr(&s_colbad[cv * VEC + e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < kTileK && k0 + threadIdx.x < K) {
+      atomicMax(s.scratch_amax + k0 + threadIdx.x, s_colmax[threadIdx.x]);
+      if (s_colbad[threadIdx.x]) atomicOr(s.scratch_bad + k0 + threadIdx.x, 1);
+    }
+    if (!last_block(s.ticket)) return;
+    bool any_bad = false;
+    for (int64_t c = threadIdx.x; c < K; c += kThreads) {
+      const float amax = __uint_as_float(atomicOr(s.scratch_amax + c, 0u));
+      const bool col_bad = atomicOr(s.scratch_bad + c, 0) != 0;
+      if (s.amax_out != nullptr) s.amax_out[c] = recorded(s.amax_out[c], amax, col_bad);
+      any_bad |= col_bad;
+    }
+    any_bad = __syncthreads_or(any_bad);
+    if (threadIdx.x == 0 && any_bad && s.found_inf != nullptr) *s.found_inf = 1.0f;
+  } else {
+    float a = 0.0f;
+    bool b = false;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) a = fmaxf(a, acc[e]), b |= bad[e];
+    reduce_into_scratch(a, b, s.scratch_amax, s.scratch_bad);
+    if (last_block(s.ticket)) finish_tensor(s);
+  }
+}
+
+// Elements per 16-byte access of x's rows, or 1 where the strides or the alignment forbid it.
+template <typename T>
+int row_vector_width(const at::Tensor& x) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t M = x.size(0), K = x.size(1);
+  const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  const bool rows_aligned = M == 1 || x.stride(0) % kVec == 0;
+  return aligned && rows_aligned && (K == 1 || x.stride(1) == 1) && K % kVec == 0 ? kVec : 1;
+}
+
+template <typename T, bool kE4M3, int VEC>
+void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::Tensor& data_t, CastState s,
+            bool current_amax_pass, int64_t sms, cudaStream_t stream) {
+  const T* xp = x.data_ptr<T>();
+  const int64_t M = x.size(0), K = x.size(1), n = x.numel();
+  const int64_t stride_m = x.stride(0), stride_k = x.stride(1);
+  const bool per_column = a.per_row && a.write_t;
+  const bool flat = x.is_contiguous();
+  constexpr int kFlatVec = 16 / sizeof(T);
+  const bool flat_aligned = reinterpret_cast<uintptr_t>(xp) % 16 == 0;
+  const int64_t resident = sms * (2048 / kThreads);
+  uint8_t* out = a.write_data ? reinterpret_cast<uint8_t*>(data.data_ptr()) : nullptr;
+  uint8_t* out_t = a.write_t ? reinterpret_cast<uint8_t*>(data_t.data_ptr()) : nullptr;
+
+  if (a.per_row && !a.write_t) {
+    cast_rows_kernel<T, VEC, kE4M3><<<std::min(M, resident), kThreads, 0, stream>>>(xp, out, M, K, stride_m, stride_k,
+                                                                                   s);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  if (current_amax_pass) {
+    if (flat && !per_column) {
+      const int64_t blocks = std::max<int64_t>(1, std::min((n / kFlatVec + kThreads - 1) / kThreads, resident));
+      if (flat_aligned)
+        amax_flat_kernel<T, kFlatVec><<<blocks, kThreads, 0, stream>>>(xp, n, s.scratch_amax, s.scratch_bad);
+      else
+        amax_flat_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(xp, n, s.scratch_amax, s.scratch_bad);
+    } else {
+      const int64_t column_blocks = (K + 32 * VEC - 1) / (32 * VEC);
+      const int64_t strips = std::max<int64_t>(1, std::min(M, resident / column_blocks));
+      const int64_t rows_per_block = (M + strips - 1) / strips;
+      const dim3 grid(static_cast<unsigned>((M + rows_per_block - 1) / rows_per_block),
+                      static_cast<unsigned>(column_blocks));
+      amax_columns_kernel<T, VEC><<<grid, kThreads, 0, stream>>>(xp, M, K, stride_m, stride_k, rows_per_block,
+                                                                 s.scratch_amax, s.scratch_bad, per_column);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (!a.write_t && flat) {
+    const int64_t blocks = std::max<int64_t>(1, std::min((n / kFlatVec + kThreads - 1) / kThreads, resident));
+    if (flat_aligned)
+      cast_flat_kernel<T, kFlatVec, kE4M3><<<blocks, kThreads, 0, stream>>>(xp, out, n, s);
+    else
+      cast_flat_kernel<T, 1, kE4M3><<<blocks, kThreads, 0, stream>>>(xp, out, n, s);
+  } else {
+    const int64_t tiles = ((M + kTileM - 1) / kTileM) * ((K + kTileK - 1) / kTileK);
+    TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), "ampkernels: to_float8_native: x is too large (",
+                M, " x ", K, ")");
+    cast_tiles_kernel<T, VEC, kE4M3><<<tiles, kThreads, 0, stream>>>(xp, out, out_t, M, K, stride_m, stride_k, s,
+                                                                    per_column, a.write_data, a.write_t);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> float8_cast_cuda(const Float8CastArgs& a) {
+  const at::Tensor& x = a.x;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t M = x.size(0), K = x.size(1);
+  const at::TensorOptions f32 = x.options().dtype(at::kFloat);
+  const at::TensorOptions fp8 = x.options().dtype(a.dtype);
+  at::Tensor data = a.write_data ? at::empty({M, K}, fp8) : at::empty({0}, fp8);
+  at::Tensor data_t = a.write_t ? at::empty({K, M}, fp8) : at::empty({0}, fp8);
+  const int64_t rows = a.write_t ? K : M;
+  at::Tensor scale_inv = a.per_row ? at::empty({rows, 1}, f32) : at::empty({}, f32);
+
+  const bool current = !a.scale.has_value();
+  const bool record = !current && (a.amax_out.has_value() || a.found_inf.has_value());
+  const bool rows_kernel = a.per_row && !a.write_t;
+  const int64_t columns = a.per_row ? K : 1;
+  at::Tensor scratch;
+  if (a.amax_scratch.has_value()) {
+    scratch = *a.amax_scratch;  // the amax a producer kernel reduced: no amax pass
+  } else if (!rows_kernel && (current || record)) {
+    scratch = at::zeros({2 * columns + 1}, x.options().dtype(at::kInt));
+  }
+  cuda::CastState s{};
+  s.scale = current ? nullptr : a.scale->data_ptr<float>();
+  s.scale_inv = scale_inv.data_ptr<float>();
+  if (scratch.defined()) {
+    int* base = scratch.data_ptr<int>();
+    s.scratch_amax = reinterpret_cast<unsigned*>(base);
+    s.scratch_bad = base + columns;
+    s.ticket = reinterpret_cast<unsigned*>(base + 2 * columns);
+  }
+  s.amax_out = a.amax_out.has_value() ? a.amax_out->data_ptr<float>() : nullptr;
+  s.found_inf = a.found_inf.has_value() ? a.found_inf->data_ptr<float>() : nullptr;
+  s.record = record;
+  const bool amax_pass = current && !rows_kernel && !a.amax_scratch.has_value();
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "to_float8_native", [&] {
+    const bool vectorized = cuda::row_vector_width<scalar_t>(x) > 1;
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    if (a.dtype == at::kFloat8_e4m3fn) {
+      if (vectorized)
+        cuda::launch<scalar_t, true, kVec>(x, a, data, data_t, s, amax_pass, sms, stream);
+      else
+        cuda::launch<scalar_t, true, 1>(x, a, data, data_t, s, amax_pass, sms, stream);
+    } else {
+      if (vectorized)
+        cuda::launch<scalar_t, false, kVec>(x, a, data, data_t, s, amax_pass, sms, stream);
+      else
+        cuda::launch<scalar_t, false, 1>(x, a, data, data_t, s, amax_pass, sms, stream);
+    }
+  });
+  return {data, data_t, scale_inv};
+}
+
+}  // namespace ampkernels
