@@ -153,12 +153,20 @@ def native():
     return _load_native()[0]
 
 
-@functools.cache
+# NOTE: a plain dict, not functools.cache: torch.compile traces through a functools.cache wrapper into the wrapped
+# function (an import, which it refuses: seen on the H200), while it reads a dict entry an eager call already filled.
+_TRITON_LOADED: dict[str, tuple] = {}
+
+
 def _load_triton(module: str):
-    try:
-        return importlib.import_module(module), None
-    except Exception as exc:  # ImportError, or a Triton that fails to initialise
-        return None, f"triton is not usable ({type(exc).__name__}: {exc})"
+    loaded = _TRITON_LOADED.get(module)
+    if loaded is None:
+        try:
+            loaded = importlib.import_module(module), None
+        except Exception as exc:  # ImportError, or a Triton that fails to initialise
+            loaded = None, f"triton is not usable ({type(exc).__name__}: {exc})"
+        _TRITON_LOADED[module] = loaded
+    return loaded
 
 
 def triton_module(op: str):
@@ -422,7 +430,7 @@ def select(op: str, device: torch.device | str, requested_backend: str | None = 
 def clear_caches() -> None:
     """Forgets what was learnt about the installation (after building the extension in a running process)."""
     _load_native.cache_clear()
-    _load_triton.cache_clear()
+    _TRITON_LOADED.clear()
     _auto_candidates.cache_clear()
 
 

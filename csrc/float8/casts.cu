@@ -36,13 +36,18 @@ namespace {
 // Floor of the amax a scale is computed from (reference.FLOAT8_AMAX_FLOOR).
 constexpr float kAmaxFloor = 1e-12f;
 constexpr int kLoadsInFlight = 4;
-// Tiles of the transposing casts: 64 rows of x (a 64-byte segment of an x.T row) by 128 columns (a 128-byte
-// segment of an x row); a shared-memory row of codes is padded by 8 bytes (8-byte stores stay aligned, and the
-// column reads of the transposed write, 32 consecutive bytes of one row per warp, hit distinct banks).
-constexpr int kTileM = 64;
+// Tiles of the transposing casts: 128 x 128, so that both layouts are written in whole 128-byte lines. The codes
+// of a tile pass through shared memory; each thread writes a run of 16 codes of one x.T row (one 16-byte store),
+// 8 threads one 128-byte line.
+constexpr int kTileM = 128;
 constexpr int kTileK = 128;
-constexpr int kTilePad = 8;
-constexpr int kTransposedRun = 16;  // bytes of an x.T row one thread writes (one 16-byte store)
+constexpr int kTransposedRun = 16;
+constexpr int kRunsPerRow = kTileM / kTransposedRun;
+
+// The shared-memory column of code (m, k) of a tile: its 8-byte unit swizzled by the run of 16 rows it belongs to,
+// so that the transposed write's reads (one byte from each of the 8 runs of a column, per warp 4 columns) hit 8
+// different bank pairs, while the row stores of 1-8 codes stay whole and aligned.
+__device__ __forceinline__ int swizzled(int m, int k) { return (((k >> 3) ^ ((m / kTransposedRun) & 7)) << 3) | (k & 7); }
 // A rowwise cast keeps up to kThreads * kRowVecs vectors of a row in registers; longer rows are read twice.
 constexpr int kRowVecs = 8;
 
@@ -385,7 +390,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One 64 x 128 tile of x per block, in the reverse of memory order (the amax pass's last reads are still in L2):
+// One 128 x 128 tile of x per block, in the reverse of memory order (the amax pass's last reads are still in L2):
 // codes written as [M, K] (write_data) straight from registers and as [K, M] (write_t) through shared memory.
 // The scale is per tensor, or per column of x (per_column: the rowwise cast of x.T). VEC > 1 needs stride_k == 1,
 // K % VEC == 0 and 16-byte aligned rows.
@@ -397,7 +402,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kVecsPerRow = kTileK / VEC;
   constexpr int kVecsPerThread = kTileM * kVecsPerRow / kThreads;
   static_assert(kThreads % kVecsPerRow == 0, "a thread keeps its columns across the rows of a tile");
-  __shared__ __align__(16) uint8_t codes[kTileM][kTileK + kTilePad];
+  __shared__ __align__(16) uint8_t codes[kTileM][kTileK];
   __shared__ float s_scale[kTileK];
   __shared__ unsigned s_colmax[kTileK];
   __shared__ int s_colbad[kTileK];
@@ -463,23 +468,25 @@ __global__ void __launch_bounds__(kThreads)
       uint8_t c[VEC];
       encode<kE4M3>(c, p);
       if (write_data) store_codes(out + m * K + k, c);
-      if (write_t) store_codes(&codes[row][cv * VEC], c);
+      if (write_t) store_codes(&codes[row][swizzled(row, cv * VEC)], c);
     }
   }
   if (write_t) {
     __syncthreads();
-    // Each thread writes 16 consecutive codes of one x.T row; a warp takes 32 consecutive rows of x.T, so its
-    // shared-memory reads are 32 consecutive bytes of one tile row.
-    constexpr int kRuns = kTileK * (kTileM / kTransposedRun);
+    // A warp writes 4 rows of x.T, a whole 128-byte line of each (8 threads a line).
+    constexpr int kRuns = kTileK * kRunsPerRow;
 #pragma unroll
     for (int j = 0; j < kRuns / kThreads; ++j) {
       const int p = threadIdx.x + j * kThreads;
-      const int kk = p % kTileK, run = p / kTileK;
+      const int kk = p / kRunsPerRow, run = p % kRunsPerRow;
       const int64_t kt = k0 + kk, mt = m0 + int64_t(run) * kTransposedRun;
       if (kt >= K || mt >= M) continue;
       uint8_t b[kTransposedRun];
 #pragma unroll
-      for (int e = 0; e < kTransposedRun; ++e) b[e] = codes[run * kTransposedRun + e][kk];
+      for (int e = 0; e < kTransposedRun; ++e) {
+        const int row = run * kTransposedRun + e;
+        b[e] = codes[row][swizzled(row, kk)];
+      }
       uint8_t* dst = out_t + kt * M + mt;
       if (M % kTransposedRun == 0) {
         store_codes(dst, b);
@@ -607,7 +614,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> float8_cast_cuda(const Float8Cast
   if (a.amax_scratch.has_value()) {
     scratch = *a.amax_scratch;  // the amax a producer kernel reduced: no amax pass
   } else if (!rows_kernel && (current || record)) {
-    scratch = at::zeros({2 * columns + 1}, x.options().dtype(at::kInt));
+    // NOTE: a memset, not at::zeros: one driver call instead of a TensorIterator fill (host time per cast).
+    scratch = at::empty({2 * columns + 1}, x.options().dtype(at::kInt));
+    C10_CUDA_CHECK(cudaMemsetAsync(scratch.data_ptr(), 0, scratch.nbytes(), stream));
   }
   cuda::CastState s{};
   s.scale = current ? nullptr : a.scale->data_ptr<float>();
