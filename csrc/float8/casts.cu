@@ -356,10 +356,15 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
             for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r[j].v[e]), acc, bad);
       } else {
-        for (int64_t v = lane; v < nvec; v += 32) {
-          const Vec<T, VEC> rv = load_vec<VEC>(xr, v * VEC, stride_k);
+        for (int64_t v0 = lane; v0 < nvec; v0 += 32 * kRowVecs) {  // kRowVecs loads in flight per lane
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(rv.v[e]), acc, bad);
+          for (int j = 0; j < kRowVecs; ++j)
+            if (v0 + j * 32 < nvec) r[j] = load_vec<VEC>(xr, (v0 + j * 32) * VEC, stride_k);
+#pragma unroll
+          for (int j = 0; j < kRowVecs; ++j)
+            if (v0 + j * 32 < nvec)
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r[j].v[e]), acc, bad);
         }
       }
       warp_reduce(acc, bad);
@@ -380,10 +385,18 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
       }
     } else {
-      for (int64_t v = lane; v < nvec; v += 32) {  // current: the second read mostly hits L1/L2
-        uint8_t c[VEC];
-        cast_vec<kE4M3>(c, load_vec<VEC>(xr, v * VEC, stride_k), scale, record, acc, bad);
-        store_codes(outr + v * VEC, c);
+      for (int64_t v0 = lane; v0 < nvec; v0 += 32 * kRowVecs) {  // current: the second read mostly hits L2
+#pragma unroll
+        for (int j = 0; j < kRowVecs; ++j)
+          if (v0 + j * 32 < nvec) r[j] = load_vec<VEC>(xr, (v0 + j * 32) * VEC, stride_k);
+#pragma unroll
+        for (int j = 0; j < kRowVecs; ++j) {
+          if (v0 + j * 32 < nvec) {
+            uint8_t c[VEC];
+            cast_vec<kE4M3>(c, r[j], scale, record, acc, bad);
+            store_codes(outr + (v0 + j * 32) * VEC, c);
+          }
+        }
       }
     }
     if (record) warp_reduce(acc, bad);
@@ -484,25 +497,41 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   if (write_t) {
     __syncthreads();
-    // A warp writes 4 rows of x.T, a whole 128-byte line of each (8 threads a line).
-    constexpr int kRuns = kTileK * kRunsPerRow;
+    // Each thread writes 16 codes (one run) of 4 adjacent x.T rows: it reads 16 words of 4 codes (LDS.32) and
+    // transposes them as 4 x 4 byte blocks in registers. 8 threads write one whole 128-byte line of a row, a warp
+    // 4 lines per store.
+    // NOTE (H200): one byte per shared-memory read (64 LDS.U8 per thread) ran the bf16 transpose of 8192 x 8192 at
+    // 2.0 TB/s.
+    static_assert(kTileK / 4 * kRunsPerRow == kThreads, "one thread per (4 columns, run)");
+    const int run = threadIdx.x % kRunsPerRow;
+    const int kk = (threadIdx.x / kRunsPerRow) * 4;
+    const int64_t kt = k0 + kk, mt = m0 + int64_t(run) * kTransposedRun;
+    if (kt < K && mt < M) {
+      uint32_t o[4][4];  // [column j][rows 4q .. 4q + 3 of the run]
 #pragma unroll
-    for (int j = 0; j < kRuns / kThreads; ++j) {
-      const int p = threadIdx.x + j * kThreads;
-      const int kk = p / kRunsPerRow, run = p % kRunsPerRow;
-      const int64_t kt = k0 + kk, mt = m0 + int64_t(run) * kTransposedRun;
-      if (kt >= K || mt >= M) continue;
-      uint8_t b[kTransposedRun];
+      for (int q = 0; q < 4; ++q) {
+        uint32_t w[4];
 #pragma unroll
-      for (int e = 0; e < kTransposedRun; ++e) {
-        const int row = run * kTransposedRun + e;
-        b[e] = codes[row][swizzled(row, kk)];
+        for (int i = 0; i < 4; ++i) {
+          const int row = run * kTransposedRun + q * 4 + i;
+          w[i] = *reinterpret_cast<const uint32_t*>(&codes[row][swizzled(row, kk)]);
+        }
+        const uint32_t t0 = __byte_perm(w[0], w[1], 0x5140), t1 = __byte_perm(w[0], w[1], 0x7362);
+        const uint32_t t2 = __byte_perm(w[2], w[3], 0x5140), t3 = __byte_perm(w[2], w[3], 0x7362);
+        o[0][q] = __byte_perm(t0, t2, 0x5410);
+        o[1][q] = __byte_perm(t0, t2, 0x7632);
+        o[2][q] = __byte_perm(t1, t3, 0x5410);
+        o[3][q] = __byte_perm(t1, t3, 0x7632);
       }
-      uint8_t* dst = out_t + kt * M + mt;
-      if (M % kTransposedRun == 0) {
-        store_codes(dst, b);
-      } else {
-        for (int e = 0; e < kTransposedRun && mt + e < M; ++e) dst[e] = b[e];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (kt + j >= K) break;
+        uint8_t* dst = out_t + (kt + j) * M + mt;
+        if (M % kTransposedRun == 0) {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]);
+        } else {
+          for (int e = 0; e < kTransposedRun && mt + e < M; ++e) dst[e] = (o[j][e / 4] >> (8 * (e % 4))) & 0xffu;
+        }
       }
     }
   }
