@@ -179,7 +179,7 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _native_matmul_op(name: str):
+def _native_op(name: str):
     native()
     try:
         return getattr(torch.ops.ampkernels, name)
@@ -189,22 +189,22 @@ def _native_matmul_op(name: str):
 
 def wmma_op():
     """``torch.ops.ampkernels.scaled_matmul_wmma_``, or ``None`` when the extension lacks it."""
-    return _native_matmul_op("scaled_matmul_wmma_")
+    return _native_op("scaled_matmul_wmma_")
 
 
 def wgmma_op():
     """``torch.ops.ampkernels.scaled_matmul_wgmma_``, or ``None`` when the extension lacks it."""
-    return _native_matmul_op("scaled_matmul_wgmma_")
+    return _native_op("scaled_matmul_wgmma_")
 
 
 def float8_cast_op():
     """``torch.ops.ampkernels.to_float8_native`` (the CUDA FP8 casts), or ``None`` when the extension lacks it."""
-    return _native_matmul_op("to_float8_native")
+    return _native_op("to_float8_native")
 
 
 def wgmma_float8_op():
     """``torch.ops.ampkernels.scaled_matmul_fp8_wgmma_``, or ``None`` when the extension lacks it."""
-    return _native_matmul_op("scaled_matmul_fp8_wgmma_")
+    return _native_op("scaled_matmul_fp8_wgmma_")
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -185,8 +185,9 @@ def test_odd_shapes(path, shape, backend):
 @pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 def test_long_rows_walk_the_row_in_blocks(delayed, backend):
-    """Rows longer than one rowwise block (Triton's ROW_ELEMENTS) or than the native kernel keeps in registers
-    (2048 vectors): the row is read twice for current scaling."""
+    """Rows longer than one rowwise block (Triton's ROW_ELEMENTS) or than the native kernels keep in registers (a
+    warp per row up to 256 vectors, then a block per row up to 1024): 4500 fits a block, 20000 is read twice for
+    current scaling."""
     _check("row", _data((3, 4500), torch.float16, seed=4), torch.float8_e5m2, delayed, backend=backend)
     _check("row", _data((3, 20000), torch.float16, seed=4), torch.float8_e5m2, delayed, backend=backend)
 

@@ -7,8 +7,8 @@
 //   amax_columns_kernel  the same over a strided [M, K] matrix, per tensor or per column (the scales of a rowwise
 //                        cast of x.T);
 //   cast_flat_kernel     tensorwise cast of a contiguous tensor, walked backwards (the amax pass's tail is in L2);
-//   cast_rows_kernel     one warp per row: the row's amax and its cast, the row kept in registers up to
-//                        32 * kRowVecs vectors (one read);
+//   cast_rows_kernel     a warp per row (a block per row past 2048 bf16): the row's amax and its cast, the row
+//                        kept in registers up to 8192 bf16 (one read);
 //   cast_tiles_kernel    64 x 128 tiles of a strided [M, K] matrix written as [M, K] and/or [K, M] through shared
 //                        memory (coalesced 16-byte reads and writes in both layouts), per tensor or per column.
 // Current scaling reads the amax pass's scratch and computes the scale in the kernel; delayed scaling (a given
@@ -48,9 +48,10 @@ constexpr int kRunsPerRow = kTileM / kTransposedRun;
 // so that the transposed write's reads (one byte from each of the 8 runs of a column, per warp 4 columns) hit 8
 // different bank pairs, while the row stores of 1-8 codes stay whole and aligned.
 __device__ __forceinline__ int swizzled(int m, int k) { return (((k >> 3) ^ ((m / kTransposedRun) & 7)) << 3) | (k & 7); }
-// A rowwise cast keeps up to 32 * kRowVecs vectors of a row in a warp's registers (2048 bf16); longer rows are
-// read twice.
-constexpr int kRowVecs = 8;
+// A rowwise cast keeps up to 32 * kWarpRowVecs vectors of a row in a warp's registers (2048 bf16), longer rows up
+// to kThreads * kBlockRowVecs in a block's (8192 bf16); rows longer still are read twice.
+constexpr int kWarpRowVecs = 8;
+constexpr int kBlockRowVecs = 4;
 
 template <bool kE4M3>
 struct Fp8 {
@@ -318,23 +319,45 @@ __device__ __forceinline__ void warp_reduce(float& acc, bool& bad) {
   bad = __any_sync(0xffffffffu, bad);
 }
 
-// One warp per row (grid-stride over rows, 8 rows in flight per block): current scaling takes the row's amax (from
-// registers, or a first read for rows longer than 32 * kRowVecs vectors), delayed scaling the row's given scale
-// (recording the row's amax as it casts); then the codes. Warp shuffles only: no block barrier per row.
-// NOTE (H200): one block per row, with a block reduction per row and 98 registers (2 blocks per SM), ran the rowwise
-// cast of 16384 x 2048 bf16 at 0.8 TB/s: the load latency of each row was exposed.
+// The same over the kLanes threads of a row (a warp, or the whole block), in every one of them.
+template <int kLanes>
+__device__ __forceinline__ void row_reduce(float& acc, bool& bad) {
+  warp_reduce(acc, bad);
+  if constexpr (kLanes > 32) {
+    static_assert(kLanes == kThreads, "a row is a warp or the whole block");
+    constexpr int kWarps = kThreads / 32;
+    __shared__ float s_acc[kWarps];
+    __shared__ bool s_bad[kWarps];
+    if (threadIdx.x % 32 == 0) s_acc[threadIdx.x / 32] = acc, s_bad[threadIdx.x / 32] = bad;
+    __syncthreads();
+    acc = s_acc[0];
+    bad = s_bad[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) acc = fmaxf(acc, s_acc[w]), bad |= s_bad[w];
+    __syncthreads();  // the next row writes s_acc only after every thread has read it
+  }
+}
+
+// kLanes threads per row: a warp (kLanes 32; grid-stride over rows, 8 rows in flight per block, shuffles only) for
+// rows of up to 32 * kWarpRowVecs vectors, the whole block (kLanes 256, one row per block) for longer ones. Current
+// scaling takes the row's amax (from registers, or a first read for rows longer than kLanes * vectors-per-lane),
+// delayed scaling the row's given scale (recording the row's amax as it casts); then the codes.
+// NOTE (H200): one block per row looping over rows, 98 registers (2 blocks per SM), ran 16384 x 2048 bf16 at 0.8 TB/s
+// (each row's load latency exposed); a warp per row ran it at 2.2 TB/s, but 8192-wide rows at 1.7 TB/s (read twice).
 // VEC > 1 needs stride_k == 1 and K % VEC == 0.
-template <typename T, int VEC, bool kE4M3>
+template <typename T, int VEC, bool kE4M3, int kLanes>
 __global__ void __launch_bounds__(kThreads, 3)
     cast_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t M, int64_t K, int64_t stride_m,
                      int64_t stride_k, CastState s) {
-  const int lane = threadIdx.x % 32;
+  constexpr int kRowVecs = kLanes == 32 ? kWarpRowVecs : kBlockRowVecs;
+  constexpr int kRowsPerBlock = kThreads / kLanes;
+  const int lane = threadIdx.x % kLanes;
   const int64_t nvec = K / VEC;
-  const bool in_registers = nvec <= 32 * kRowVecs;
+  const bool in_registers = nvec <= kLanes * kRowVecs;
   const bool current = s.scale == nullptr;
   const bool record = s.record;  // delayed only
-  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
-  for (int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; row < M; row += warps) {
+  const int64_t stride_rows = int64_t(gridDim.x) * kRowsPerBlock;
+  for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes; row < M; row += stride_rows) {
     const T* xr = x + row * stride_m;
     uint8_t* outr = out + row * K;
     float acc = 0.0f;
@@ -343,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (in_registers) {
 #pragma unroll
       for (int j = 0; j < kRowVecs; ++j) {
-        const int64_t v = lane + int64_t(j) * 32;
+        const int64_t v = lane + int64_t(j) * kLanes;
         if (v < nvec) r[j] = load_vec<VEC>(xr, v * VEC, stride_k);
       }
     }
@@ -352,22 +375,22 @@ __global__ void __launch_bounds__(kThreads, 3)
       if (in_registers) {
 #pragma unroll
         for (int j = 0; j < kRowVecs; ++j)
-          if (lane + int64_t(j) * 32 < nvec)
+          if (lane + int64_t(j) * kLanes < nvec)
 #pragma unroll
             for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r[j].v[e]), acc, bad);
       } else {
-        for (int64_t v0 = lane; v0 < nvec; v0 += 32 * kRowVecs) {  // kRowVecs loads in flight per lane
+        for (int64_t v0 = lane; v0 < nvec; v0 += kLanes * kRowVecs) {  // kRowVecs loads in flight per lane
 #pragma unroll
           for (int j = 0; j < kRowVecs; ++j)
-            if (v0 + j * 32 < nvec) r[j] = load_vec<VEC>(xr, (v0 + j * 32) * VEC, stride_k);
+            if (v0 + j * kLanes < nvec) r[j] = load_vec<VEC>(xr, (v0 + j * kLanes) * VEC, stride_k);
 #pragma unroll
           for (int j = 0; j < kRowVecs; ++j)
-            if (v0 + j * 32 < nvec)
+            if (v0 + j * kLanes < nvec)
 #pragma unroll
               for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r[j].v[e]), acc, bad);
         }
       }
-      warp_reduce(acc, bad);
+      row_reduce<kLanes>(acc, bad);
       scale = scale_of(acc, bad, Fp8<kE4M3>::kMax);
     } else {
       scale = s.scale[row];
@@ -377,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (in_registers) {
 #pragma unroll
       for (int j = 0; j < kRowVecs; ++j) {
-        const int64_t v = lane + int64_t(j) * 32;
+        const int64_t v = lane + int64_t(j) * kLanes;
         if (v < nvec) {
           uint8_t c[VEC];
           cast_vec<kE4M3>(c, r[j], scale, record, acc, bad);
@@ -385,21 +408,21 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
       }
     } else {
-      for (int64_t v0 = lane; v0 < nvec; v0 += 32 * kRowVecs) {  // current: the second read mostly hits L2
+      for (int64_t v0 = lane; v0 < nvec; v0 += kLanes * kRowVecs) {  // current: the second read mostly hits L2
 #pragma unroll
         for (int j = 0; j < kRowVecs; ++j)
-          if (v0 + j * 32 < nvec) r[j] = load_vec<VEC>(xr, (v0 + j * 32) * VEC, stride_k);
+          if (v0 + j * kLanes < nvec) r[j] = load_vec<VEC>(xr, (v0 + j * kLanes) * VEC, stride_k);
 #pragma unroll
         for (int j = 0; j < kRowVecs; ++j) {
-          if (v0 + j * 32 < nvec) {
+          if (v0 + j * kLanes < nvec) {
             uint8_t c[VEC];
             cast_vec<kE4M3>(c, r[j], scale, record, acc, bad);
-            store_codes(outr + (v0 + j * 32) * VEC, c);
+            store_codes(outr + (v0 + j * kLanes) * VEC, c);
           }
         }
       }
     }
-    if (record) warp_reduce(acc, bad);
+    if (record) row_reduce<kLanes>(acc, bad);
     if (lane == 0) {
       s.scale_inv[row] = __frcp_rn(scale);
       if (current || record) {
@@ -592,8 +615,14 @@ void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::
   uint8_t* out_t = a.write_t ? reinterpret_cast<uint8_t*>(data_t.data_ptr()) : nullptr;
 
   if (a.per_row && !a.write_t) {
-    const int64_t blocks = std::min((M + kThreads / 32 - 1) / (kThreads / 32), resident);
-    cast_rows_kernel<T, VEC, kE4M3><<<blocks, kThreads, 0, stream>>>(xp, out, M, K, stride_m, stride_k, s);
+    if (K / VEC <= 32 * kWarpRowVecs) {
+      const int64_t blocks = std::min((M + kThreads / 32 - 1) / (kThreads / 32), resident);
+      cast_rows_kernel<T, VEC, kE4M3, 32><<<blocks, kThreads, 0, stream>>>(xp, out, M, K, stride_m, stride_k, s);
+    } else {
+      const int64_t blocks = std::min<int64_t>(M, std::numeric_limits<int32_t>::max());
+      cast_rows_kernel<T, VEC, kE4M3, kThreads><<<blocks, kThreads, 0, stream>>>(xp, out, M, K, stride_m, stride_k,
+                                                                                 s);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
