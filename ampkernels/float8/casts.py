@@ -236,7 +236,8 @@ def to_float8(
         transpose: write ``x.T`` ([K, M] contiguous: the layout the backward's GEMMs read).
         found_inf: float32, one element: set to 1.0 when x holds an inf or NaN; never cleared (the flag the fused
             optimizers skip a step on).
-        backend: ``"triton"`` or ``"torch"`` (the reference); default: :mod:`ampkernels.dispatch`'s choice.
+        backend: ``"native"`` (CUDA C++), ``"triton"`` or ``"torch"`` (the reference); default:
+            :mod:`ampkernels.dispatch`'s choice (native on CUDA tensors).
 
     Returns ``(data, scale_inv)``: data contiguous in ``dtype``; scale_inv = 1 / scale, float32, 0-d or [R, 1] (the
     dequantization factor ``torch._scaled_mm`` takes). Is equivalent, bit for bit, to ``amax = x.abs().amax();
