@@ -9,8 +9,9 @@
 //   cast_flat_kernel     tensorwise cast of a contiguous tensor, walked backwards (the amax pass's tail is in L2);
 //   cast_rows_kernel     a warp per row (a block per row past 2048 bf16): the row's amax and its cast, the row
 //                        kept in registers up to 8192 bf16 (one read);
-//   cast_tiles_kernel    64 x 128 tiles of a strided [M, K] matrix written as [M, K] and/or [K, M] through shared
-//                        memory (coalesced 16-byte reads and writes in both layouts), per tensor or per column.
+//   cast_tiles_kernel    128 x 128 tiles of a strided [M, K] matrix written as [M, K] (from registers) and/or
+//                        [K, M] (through shared memory, 4 x 4 byte transposes), whole 128-byte lines in both
+//                        layouts, per tensor or per column.
 // Current scaling reads the amax pass's scratch and computes the scale in the kernel; delayed scaling (a given
 // scale) records this pass's amax into the scratch, and the last block to finish (an atomic ticket) writes amax_out
 // and found_inf. The scratch layout, int32 [2 * columns + 1] = (finite amax as float bits, non-finite flags, ticket),
