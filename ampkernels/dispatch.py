@@ -137,15 +137,34 @@ _TRITON_MODULES = {
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@functools.cache
+# NOTE: plain dicts, not functools.cache: the float8 wrappers choose their backend inside compiled regions, and
+# torch.compile traces a functools.cache wrapper into the wrapped function (an import, which it refuses: seen on the
+# H200), while it reads a dict entry an eager call already filled (tests/test_dispatch.py).
+_LOADED: dict[str, tuple] = {}
+_NATIVE_OPS: dict[str, object] = {}
+
+
+def _import(module: str, errors: tuple[type[BaseException], ...], reason) -> tuple:
+    """(module, None), or (None, ``reason(exc)``) when importing it raised one of ``errors``; remembered."""
+    loaded = _LOADED.get(module)
+    if loaded is None:
+        try:
+            loaded = importlib.import_module(module), None
+        except errors as exc:
+            loaded = None, reason(exc)
+        _LOADED[module] = loaded
+    return loaded
+
+
 def _load_native():
-    try:
-        return importlib.import_module("ampkernels._C"), None
-    except ImportError as exc:  # not built, or built against another torch
-        return None, (
+    return _import(
+        "ampkernels._C",
+        (ImportError,),  # not built, or built against another torch
+        lambda exc: (
             f"ampkernels._C could not be imported ({exc}); build it with "
             "`pip install --no-build-isolation -e .` (set CUDA_HOME for the CUDA kernels)"
-        )
+        ),
+    )
 
 
 def native():
@@ -153,20 +172,9 @@ def native():
     return _load_native()[0]
 
 
-# NOTE: a plain dict, not functools.cache: torch.compile traces through a functools.cache wrapper into the wrapped
-# function (an import, which it refuses: seen on the H200), while it reads a dict entry an eager call already filled.
-_TRITON_LOADED: dict[str, tuple] = {}
-
-
 def _load_triton(module: str):
-    loaded = _TRITON_LOADED.get(module)
-    if loaded is None:
-        try:
-            loaded = importlib.import_module(module), None
-        except Exception as exc:  # ImportError, or a Triton that fails to initialise
-            loaded = None, f"triton is not usable ({type(exc).__name__}: {exc})"
-        _TRITON_LOADED[module] = loaded
-    return loaded
+    # Exception: an ImportError, or a Triton that fails to initialise
+    return _import(module, (Exception,), lambda exc: f"triton is not usable ({type(exc).__name__}: {exc})")
 
 
 def triton_module(op: str):
@@ -180,11 +188,13 @@ def triton_interpreting() -> bool:
 
 
 def _native_op(name: str):
-    native()
-    try:
-        return getattr(torch.ops.ampkernels, name)
-    except (AttributeError, RuntimeError):
-        return None
+    if name not in _NATIVE_OPS:
+        native()
+        try:
+            _NATIVE_OPS[name] = getattr(torch.ops.ampkernels, name)
+        except (AttributeError, RuntimeError):
+            _NATIVE_OPS[name] = None
+    return _NATIVE_OPS[name]
 
 
 def wmma_op():
@@ -429,8 +439,8 @@ def select(op: str, device: torch.device | str, requested_backend: str | None = 
 
 def clear_caches() -> None:
     """Forgets what was learnt about the installation (after building the extension in a running process)."""
-    _load_native.cache_clear()
-    _TRITON_LOADED.clear()
+    _LOADED.clear()
+    _NATIVE_OPS.clear()
     _auto_candidates.cache_clear()
 
 

@@ -160,3 +160,20 @@ def test_wrappers_validate_backend_names_at_construction():
         ampkernels.FusedSGD([p], lr=0.1, backend="auto")
     with pytest.raises(ValueError, match="argument 'backend'.*native/triton/torch"):
         ampkernels.FusedGradScaler("cpu", backend="")
+
+
+@pytest.mark.parametrize("op", ["to_float8", "float8_fused", "scaled_matmul_float8"])
+def test_backend_choice_traces_under_torch_compile(op):
+    """The float8 wrappers choose their backend inside a compiled region, so torch.compile traces the choice: it must
+    read what an eager call already loaded (the extension, the Triton modules, the native ops), not import again,
+    which Dynamo refuses (seen on the H200 for the fused kernels' Triton module)."""
+    dispatch.clear_caches()
+    names = dispatch.BACKENDS[op]
+    eager = [dispatch.why_not(op, name, torch.device("cpu")) is None for name in names]
+
+    def choose(x):
+        return x + sum(dispatch.why_not(op, name, x.device) is None for name in names)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(choose, backend="eager", fullgraph=True)
+    assert compiled(torch.zeros(2)).tolist() == [float(sum(eager))] * 2
