@@ -84,7 +84,9 @@ def _is_dtensor(t: Any) -> bool:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if _is_dtensor(t) else t
+    t = t._local_tensor if _is_dtensor(t) else t
+    # A weight FSDP2 all-gathers in FP8 (ampkernels.float8.fsdp.Float8AllGatherWeight) wraps its storage.
+    return getattr(t, "_hp", t) if type(t).__name__ == "Float8AllGatherWeight" else t
 
 
 def _shard_offset(p: torch.Tensor, where: str) -> int:
@@ -143,7 +145,8 @@ class _Bucket:
     versions: list[int] = field(default_factory=list)
     # The blockwise step: per parameter (first format, second format, row length, salt, shard offset).
     layout: list[tuple[int, int, int, int, int]] | None = None
-    # DTensor parameters whose local shards are ``params``: their gradients' shards are handed over every step.
+    # DTensor (or FP8-all-gather) parameters whose local tensors are ``params``: their gradients (shards) are handed
+    # over every step.
     sources: list[torch.Tensor] | None = None
 
     @property
@@ -404,9 +407,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
         grouped: dict[tuple, list[torch.Tensor]] = {}
         for p in with_grad:
-            grouped.setdefault((_local(p).device, p.dtype, p.grad.dtype, _is_dtensor(p)), []).append(p)
+            grouped.setdefault((_local(p).device, p.dtype, p.grad.dtype, _local(p) is not p), []).append(p)
         buckets = []
-        for (device, dtype, grad_dtype, sharded), params in grouped.items():
+        for (device, dtype, grad_dtype, wrapped), params in grouped.items():
             blockwise = self._blockwise(group, dtype)
             states = [self._init_state(p, group, blockwise) for p in params]
             keys = _BLOCKWISE_KEYS if blockwise else self._STATE_KEYS
@@ -415,7 +418,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             locals_ = [_local(p) for p in params]
             # Only the first bucket watches the group's gradient-less params: one check per step is enough.
             bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch if not buckets else [])
-            if sharded:
+            if wrapped:
                 bucket.sources = params
                 bucket.hand_over_gradients()
             if bucket.masters:  # master weights: created from (or loaded for) the parameters as they are now

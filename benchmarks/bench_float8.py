@@ -41,7 +41,19 @@ RECIPES = ("tensorwise", "rowwise", "delayed")
 TORCHAO_RECIPES = ("tensorwise", "rowwise")
 
 LAYER_TOKENS, CPU_LAYER_TOKENS = 16384, 256
-LAYER_SHAPES = [(512, 512), (1024, 1024), (2048, 2048), (4096, 4096), (2048, 8192), (8192, 2048), (2048, 32000)]
+LAYER_SHAPES = [
+    (512, 512),
+    (768, 768),
+    (1024, 1024),
+    (1536, 1536),
+    (2048, 2048),
+    (3072, 3072),
+    (4096, 4096),
+    (2048, 8192),
+    (8192, 2048),
+    (2048, 32000),
+]
+LAYER_RECIPES = ("tensorwise", "rowwise")
 CPU_LAYER_SHAPES = [(64, 64), (128, 256)]
 
 
@@ -241,6 +253,21 @@ def _layer_step(layer: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> 
     return run
 
 
+def _graphed(run: Callable[[], None]) -> Callable[[], None]:
+    """``run`` (warmed up: caches filled, ``auto`` timed) captured in a CUDA graph: its replay, which costs the GPU
+    time alone. A layer alone in an eager loop is host-bound below ~2 ms of work (its ~10 casts and 3 GEMMs each
+    cost a launch); in a model the GPU queue hides that, and so does a graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
+
+
 def _layer_section(ctx: RunContext) -> dict[str, Any]:
     from ampkernels.float8 import Float8Linear
     from benchmarks.common import time_interleaved
@@ -254,24 +281,43 @@ def _layer_section(ctx: RunContext) -> dict[str, Any]:
         torch.manual_seed(0)
         plain = torch.nn.Linear(k, n, bias=False, device=ctx.device)
         layers = {"bf16": plain}
-        for recipe in ("tensorwise", "rowwise"):
+        for recipe in LAYER_RECIPES:
             layers[recipe] = Float8Linear.from_linear(plain, recipe)
         x = torch.randn(tokens, k, device=ctx.device, dtype=torch.bfloat16, requires_grad=True)
         grad = torch.randn(tokens, n, device=ctx.device, dtype=torch.bfloat16)
-        timings = time_interleaved(
-            {name: _layer_step(layer, x, grad) for name, layer in layers.items()},
-            ctx.device,
-            ctx.repeats,
-            ctx.target_loop_s,
-        )
+        steps = {name: _layer_step(layer, x, grad) for name, layer in layers.items()}
+        timings = time_interleaved(steps, ctx.device, ctx.repeats, ctx.target_loop_s)
+        if on_gpu:  # after the eager loops: those warmed every cache the capture must not fill
+            graphed = time_interleaved(
+                {name: _graphed(step) for name, step in steps.items()}, ctx.device, ctx.repeats, ctx.target_loop_s
+            )
+            timings.update({f"{name}_graphed": timing for name, timing in graphed.items()})
         row = {"tokens": tokens, "in_features": k, "out_features": n, "tflop": 6 * tokens * k * n / 1e12}
         for name, timing in timings.items():
             row[f"{name}_ms"] = timing.median_wall_ms
-        for recipe in ("tensorwise", "rowwise"):
+        for recipe in LAYER_RECIPES:
             row[f"{recipe}_speedup"] = row["bf16_ms"] / row[f"{recipe}_ms"]
+            if on_gpu:
+                row[f"{recipe}_graphed_speedup"] = row["bf16_graphed_ms"] / row[f"{recipe}_graphed_ms"]
         rows.append(row)
+        del steps, timings
         ctx.progress.update()
-    return {"rows": rows}
+    return {"rows": rows, "size_rule": _measured_size_rule(rows) if on_gpu else None}
+
+
+def _measured_size_rule(rows: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Per recipe, the size rule the graphed rows give: the smallest weight (K x N elements) from which on FP8 was
+    faster than bf16 on every measured layer at least as large (None: on none). convert_to_float8's default,
+    ``ampkernels.float8.linear.MIN_WEIGHT_ELEMENTS``, is set from it."""
+    rule = {}
+    for recipe in LAYER_RECIPES:
+        by_size = sorted((r["in_features"] * r["out_features"], r[f"{recipe}_graphed_speedup"]) for r in rows)
+        rule[recipe] = None
+        for size, speedup in reversed(by_size):
+            if speedup <= 1.0:
+                break
+            rule[recipe] = size
+    return rule
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -304,21 +350,28 @@ def run(ctx: RunContext) -> dict[str, Any]:
 
 
 def _report_layers(section: dict[str, Any]) -> str:
-    rows = [
-        [
-            f"{r['in_features']} -> {r['out_features']}",
-            format_ms(r["bf16_ms"]),
-            format_ms(r["tensorwise_ms"]),
-            f"{r['tensorwise_speedup']:.2f}x",
-            format_ms(r["rowwise_ms"]),
-            f"{r['rowwise_speedup']:.2f}x",
-        ]
-        for r in section["rows"]
-    ]
+    graphed = any("bf16_graphed_ms" in r for r in section["rows"])
+    rows = []
+    for r in section["rows"]:
+        row = [f"{r['in_features']} -> {r['out_features']}", format_ms(r["bf16_ms"])]
+        for recipe in LAYER_RECIPES:
+            row += [format_ms(r[f"{recipe}_ms"]), f"{r[f'{recipe}_speedup']:.2f}x"]
+        if graphed:
+            row.append(format_ms(r["bf16_graphed_ms"]))
+            for recipe in LAYER_RECIPES:
+                row += [format_ms(r[f"{recipe}_graphed_ms"]), f"{r[f'{recipe}_graphed_speedup']:.2f}x"]
+        rows.append(row)
     tokens = section["rows"][0]["tokens"] if section["rows"] else 0
     title = f"One layer, forward + backward at {tokens} tokens (bf16 autocast), ms"
     headers = ["K -> N", "bf16", "fp8 tensorwise", "vs bf16", "fp8 rowwise", "vs bf16"]
-    return title + "\n" + format_table(headers, rows, "lrrrrr")
+    if graphed:
+        title += "; eager loop, then CUDA-graph replays (the GPU's time alone)"
+        headers += ["bf16 graphed", "tensorwise", "vs bf16", "rowwise", "vs bf16"]
+    table = title + "\n" + format_table(headers, rows, "l" + "r" * (len(headers) - 1))
+    for recipe, size in (section.get("size_rule") or {}).items():
+        where = f"every measured layer of >= {size:,} weight elements" if size else "no measured layer"
+        table += f"\nGraphed, fp8 {recipe} beats bf16 on {where} (the size rule of convert_to_float8)"
+    return table
 
 
 def _report_stack(section: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -232,15 +233,21 @@ def test_convert_keeps_parameters_state_dict_and_optimizer():
 def test_convert_rules_filter_and_errors():
     model = nn.ModuleDict(
         dict(
-            big=nn.Linear(1024, 2048),
+            big=nn.Linear(1536, 2048),
             small=nn.Linear(512, 2048),
             odd=nn.Linear(1030, 2048),
             scaled=ScaledLinear(1024, 1024),
         )
     )
-    convert_to_float8(model)  # the default size rule
-    assert isinstance(model["big"], Float8Linear) and type(model["small"]) is nn.Linear
+    convert_to_float8(model)  # the measured size rule: a weight of >= 1536^2 elements for tensorwise
+    assert isinstance(model["big"], Float8Linear) and type(model["small"]) is nn.Linear  # 3.1 vs 1.0 M elements
     assert type(model["odd"]) is nn.Linear and type(model["scaled"]) is ScaledLinear
+    wide = nn.ModuleDict(dict(mlp=nn.Linear(2048, 8192), attention=nn.Linear(2048, 2048), big=nn.Linear(3072, 3072)))
+    convert_to_float8(wide, "rowwise")  # rowwise: >= 3072^2
+    assert [type(m) for m in wide.values()] == [Float8Linear, nn.Linear, Float8Linear]
+    tensorwise = copy.deepcopy(model)
+    convert_to_float8(tensorwise, min_features=512)  # an int: both dimensions at least min_features
+    assert isinstance(tensorwise["small"], Float8Linear)
     seen = []
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
     convert_to_float8(model, "rowwise", lambda m, name: seen.append(name) or name == "1", min_features=0)
@@ -319,6 +326,27 @@ def test_compiled_forward_and_backward_match_eager(recipe):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("recipe", RECIPES)
+def test_inductor_compiled_layers_on_cuda_match_eager(recipe):
+    """torch.compile (inductor, fullgraph) of Float8Linear layers on CUDA under bf16 autocast: the custom ops (native
+    casts, FP8 GEMMs) trace through their fakes and run; outputs and gradients as eager's."""
+    torch.manual_seed(0)
+    model = convert_to_float8(_TwoLayers().cuda(), recipe, min_features=0)
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(twin, fullgraph=True)
+    x = torch.randn(64, 64, device="cuda")
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            want, got = model(x), compiled(x)
+        want.float().square().sum().backward()
+        got.float().square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_captured_step_replays_the_eager_run(recipe):
     def build():
         torch.manual_seed(0)
@@ -353,6 +381,34 @@ def test_captured_step_replays_the_eager_run(recipe):
         torch.testing.assert_close(model.float8_amax_history, eager_model.float8_amax_history)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_graph_reads_only_input_casts_made_in_its_capture(recipe):
+    """Two layers read one static input. Cast eagerly first, then captured: the capture must cast the input itself
+    (reusing the eager casts would bake their memory into the graph), and the second layer reuses the capture's
+    cast. Replays after the input changed in place give what the eager layers give on the new input."""
+    torch.manual_seed(0)
+    layers = [Float8Linear(64, 32, recipe=recipe).cuda() for _ in range(2)]
+    x = torch.randn(64, 64, device="cuda")
+    with torch.no_grad():
+        [layer(x) for layer in layers]  # the eager entry for x
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            [layer(x) for layer in layers]
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [layer(x) for layer in layers]
+        for step in range(3):
+            x.copy_(torch.randn(64, 64, device="cuda"))
+            layers[0](torch.randn(64, 64, device="cuda"))  # another eager entry; the old casts' memory is freed
+            graph.replay()
+            for out, layer in zip(outs, layers):
+                assert torch.equal(out, layer(x.clone())), f"step {step}"
+
+
 def _train(model, steps=3):
     """``steps`` SGD steps on the same batches in every process (seeded): what each rank and the single process see."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -375,16 +431,24 @@ def _parallel_worker(rank, world, init_file, recipe, mode, out_dir):
             _train(nn.parallel.DistributedDataParallel(model))
             params = [p.detach() for p in model.parameters()]
         else:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            fully_shard(model.a)
-            fully_shard(model.b)
-            fully_shard(model)
+            # A CPU mesh: fully_shard's default mesh is on the GPU when there is one (and gloo over it crashed)
+            mesh = init_device_mesh("cpu", (world,))
+            for module in (model.a, model.b, model):
+                fully_shard(module, mesh=mesh)
             _train(model)
             params = [p.full_tensor().detach() for p in model.parameters()]
         torch.save(params, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # every rank past its last collective before any tears its connections down
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter finalization: FSDP2's autograd device threads and the gloo threads still run, and a
+    # C++ thread touching a Python object during finalization aborts (it segfaulted on the H200 machine's Python).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])

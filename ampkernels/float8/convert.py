@@ -6,11 +6,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ampkernels.float8.linear import Float8DelayedScaling, Float8Linear, Float8Recipe, float8_fits
+from ampkernels.float8.linear import Float8DelayedScaling, Float8Linear, Float8Recipe, _check_all_gather, float8_fits
 
-# NOTE: provisional until the sweep of benchmarks/bench_float8.py ("layer sizes") has measured where FP8 overtakes
-# bf16 for forward + backward of one layer at 16384 tokens on the H200; docs/float8.md records the measurement.
-MIN_FEATURES = 1024
 #: Where :func:`convert_to_float8` attaches the delayed recipe's state on the model.
 DELAYED_STATE_NAME = "float8_scaling"
 
@@ -20,7 +17,8 @@ def convert_to_float8(
     recipe: str | Float8Recipe = "tensorwise",
     module_filter: Callable[[nn.Module, str], bool] | None = None,
     *,
-    min_features: int = MIN_FEATURES,
+    min_features: int | None = None,
+    fsdp_float8_all_gather: bool = False,
     **recipe_options,
 ) -> nn.Module:
     """Replaces, in place, every ``nn.Linear`` of ``model`` (its own type, not a subclass) by a
@@ -33,10 +31,16 @@ def convert_to_float8(
             margin=1`` for ``"delayed"``).
         module_filter: ``(module, fully_qualified_name) -> bool``, like torchao's ``module_filter_fn``: only layers
             for which it returns True are converted. Applied after the size rule.
-        min_features: the size rule: a layer is converted only when ``in_features`` and ``out_features`` are
-            multiples of 16 and both at least ``min_features`` (smaller products do not gain from FP8: the casts
-            cost more than the faster GEMM saves; see docs/float8.md for the measurement). 0 converts every aligned
-            layer.
+        min_features: the size rule. None (default): the rule measured on the H200 (docs/float8.md): a layer is
+            converted when ``in_features`` and ``out_features`` are multiples of 16 and its weight has at least
+            ``MIN_WEIGHT_ELEMENTS`` elements: 1536 x 1536 for tensorwise and delayed scaling, 3072 x 3072 for
+            rowwise (below that the casts cost more than the faster GEMM saves, at 16384 tokens). An int: both
+            dimensions at least ``min_features`` instead; 0 converts every aligned layer.
+        fsdp_float8_all_gather: tensorwise only: FSDP2 (``fully_shard``, applied after this call) all-gathers the
+            converted layers' weights as FP8 codes, cast with the scale of the global amax (half the bytes of bf16
+            weights); call :func:`ampkernels.float8.precompute_float8_scales` after each optimizer step to take
+            every layer's amax in one all-reduce. Their weights become new Parameters around the same storage:
+            build the optimizer after the conversion.
 
     Parameters, their ``requires_grad``, and the ``state_dict`` (keys and values) are unchanged, so a converted
     model's checkpoint loads into the plain model and back; optimizers built before the call keep working. For
@@ -45,18 +49,23 @@ def convert_to_float8(
     training mode with grad enabled.
     """
     recipe = Float8Recipe.named(recipe, **recipe_options)
-    if not isinstance(min_features, int) or min_features < 0:
-        raise ValueError(f"convert_to_float8: argument 'min_features': expected an int >= 0, got {min_features!r}")
+    _check_all_gather(fsdp_float8_all_gather, recipe)
+    if min_features is not None and (not isinstance(min_features, int) or min_features < 0):
+        raise ValueError(
+            f"convert_to_float8: argument 'min_features': expected None or an int >= 0, got {min_features!r}"
+        )
 
     def wanted(module: nn.Module, name: str) -> bool:
-        if type(module) is not nn.Linear or not float8_fits(module.in_features, module.out_features, min_features):
+        if type(module) is not nn.Linear:
+            return False
+        if not float8_fits(module.in_features, module.out_features, min_features, recipe):
             return False
         return module_filter is None or bool(module_filter(module, name))
 
     if isinstance(model, nn.Linear):
         if not wanted(model, ""):
             return model
-        root = Float8Linear.from_linear(model, recipe)
+        root = Float8Linear.from_linear(model, recipe, fsdp_float8_all_gather=fsdp_float8_all_gather)
         converted = [root]
     else:
         root = model
@@ -65,7 +74,7 @@ def convert_to_float8(
             if not wanted(module, name):
                 continue
             parent_name, _, child = name.rpartition(".")
-            new = Float8Linear.from_linear(module, recipe)
+            new = Float8Linear.from_linear(module, recipe, fsdp_float8_all_gather=fsdp_float8_all_gather)
             setattr(model.get_submodule(parent_name), child, new)
             converted.append(new)
     if recipe.name == "delayed" and converted:

@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ampkernels.float8.casts import cast_with_produced_amax, to_float8, to_float8_pair
+from ampkernels.float8.fsdp import Float8AllGatherWeight, Float8GatheredWeight, wrap_float8_all_gather
 from ampkernels.float8.fused import produced_amax
 from ampkernels.matmul.api import scaled_matmul
 from ampkernels.reference import float8_max
@@ -109,21 +110,38 @@ class _InputCasts:
     """The FP8 casts of the input the last Float8Linear cast with current scaling, so that the layers reading one
     tensor (q, k and v of an attention block; gate and up of a SwiGLU MLP) reuse them instead of casting it again.
     Matched by the tensor itself (a weak reference: the entry keeps nothing alive and goes with the tensor), its
-    version counter (a tensor changed in place is cast anew) and the cast settings. Not used while torch.compile
-    traces: its graph removes the repeated casts itself."""
+    version counter (a tensor changed in place is cast anew), the cast settings and the CUDA graph capture: an
+    entry is used only in the capture it was made in (or outside any, if made outside), since a graph that read an
+    eager call's casts would replay reads of memory it does not own (and a later graph's casts that of an earlier
+    graph's pool). A capture is told apart from the next by the calls between them that ran outside a capture.
+    Not used while torch.compile traces: its graph removes the repeated casts itself."""
 
     def __init__(self) -> None:
         self.ref = self.casts = self.key = None
         self.version = -1
+        self.capture = 0  # the capture an entry was made in (0: none)
+        self.captures = 0  # captures seen so far
+        self.was_capturing = False
+
+    def _capture(self, x: torch.Tensor) -> int:
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if capturing and not self.was_capturing:
+            self.captures += 1
+        self.was_capturing = capturing
+        return self.captures if capturing else 0
 
     def get(self, x: torch.Tensor, key: tuple):
-        if torch.compiler.is_compiling() or self.ref is None or self.ref() is not x:
+        if torch.compiler.is_compiling():
             return None
-        return self.casts if self.key == key and self.version == x._version else None
+        capture = self._capture(x)
+        if self.ref is None or self.ref() is not x:
+            return None
+        return self.casts if (self.key, self.version, self.capture) == (key, x._version, capture) else None
 
     def put(self, x: torch.Tensor, key: tuple, casts: tuple) -> tuple:
         if not torch.compiler.is_compiling():
             self.ref, self.key, self.version, self.casts = weakref.ref(x, self._forget), key, x._version, casts
+            self.capture = self._capture(x)
         return casts
 
     def _forget(self, ref) -> None:
@@ -160,9 +178,17 @@ class _TensorwiseMatmul(torch.autograd.Function):
             (x8, x_inv), xt8 = to_float8(x, fwd, scale=site(scale, INPUT), amax_out=site(amax, INPUT)), None
         if cached is None and scale is None:
             _INPUT_CASTS.put(input, key, (x8, xt8, x_inv))
-        w8, wt8, w_inv = to_float8_pair(weight, fwd, scale=site(scale, WEIGHT), amax_out=site(amax, WEIGHT))
+        gathered = weight if isinstance(weight, Float8GatheredWeight) else None
+        if gathered is not None:
+            # FSDP2 all-gathered the weight as FP8 codes cast with the global amax's scale: nothing to cast. The
+            # backward's layout is made from the codes FSDP2 gathers again for it (it frees them in between).
+            w8, w_inv, wt8 = gathered._codes, gathered._scale_inv, None
+        else:
+            w = weight._hp if isinstance(weight, Float8AllGatherWeight) else weight
+            w8, wt8, w_inv = to_float8_pair(w, fwd, scale=site(scale, WEIGHT), amax_out=site(amax, WEIGHT))
         out = _mm(x8, w8.t(), x_inv, w_inv, bias, out_dtype)
-        ctx.save_for_backward(xt8, wt8, x_inv, w_inv)
+        # (a gathered weight's scale_inv is refilled in place by the next all-gather: read it in the backward)
+        ctx.save_for_backward(xt8, wt8, x_inv, None if gathered is not None else w_inv, gathered)
         # The delayed-scaling buffers are not saved tensors: the next forward updates them in place, which must not
         # count as modifying what this backward reads (it reads only the gradient's site).
         ctx.scale, ctx.amax = scale, amax
@@ -172,8 +198,10 @@ class _TensorwiseMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        xt8, wt8, x_inv, w_inv = ctx.saved_tensors
+        xt8, wt8, x_inv, w_inv, gathered = ctx.saved_tensors
         need_x, need_w, need_bias = ctx.needs_input_grad[:3]
+        if gathered is not None and need_x:
+            wt8, w_inv = gathered._codes.t().contiguous(), gathered._scale_inv
         scale = None if ctx.scale is None else ctx.scale[GRAD_OUTPUT]
         amax = None if ctx.amax is None else ctx.amax[GRAD_OUTPUT]
         grad = grad.reshape(-1, grad.shape[-1]).contiguous()
@@ -231,10 +259,21 @@ class _RowwiseMatmul(torch.autograd.Function):
         return grad_x, grad_w, grad_bias, None, None
 
 
-def float8_fits(in_features: int, out_features: int, min_features: int) -> bool:
+#: The measured size rule (H200, ``python -m benchmarks --only float8``, "layer sizes": forward + backward of one
+#: layer at 16384 tokens under bf16 autocast, replayed as a CUDA graph, 2026-12-04): FP8 was faster than bf16 on
+#: every measured layer whose weight has at least this many elements (K x N), per granularity, and slower on every
+#: smaller one. Tensorwise: 1536^2 1.04x, 1024^2 0.86x; rowwise (more cast work per operand): 3072^2 1.04x,
+#: 2048 x 8192 1.21x, 2048^2 0.94x. docs/float8.md has the table.
+MIN_WEIGHT_ELEMENTS = {"tensor": 1536 * 1536, "row": 3072 * 3072}
+
+
+def float8_fits(in_features: int, out_features: int, min_features: int | None, recipe: Float8Recipe) -> bool:
     """The layer-size rule of :func:`ampkernels.float8.convert_to_float8`: both dimensions multiples of
-    :data:`FLOAT8_ALIGNMENT` and at least ``min_features``."""
+    :data:`FLOAT8_ALIGNMENT`, and either both at least ``min_features`` or, with ``min_features`` None, a weight
+    of at least :data:`MIN_WEIGHT_ELEMENTS` for the recipe's granularity."""
     aligned = in_features % FLOAT8_ALIGNMENT == 0 and out_features % FLOAT8_ALIGNMENT == 0
+    if min_features is None:
+        return aligned and in_features * out_features >= MIN_WEIGHT_ELEMENTS[recipe.granularity]
     return aligned and min(in_features, out_features) >= min_features
 
 
@@ -246,15 +285,19 @@ class Float8Linear(nn.Linear):
         :class:`Float8Recipe`. A ``"delayed"`` layer reads its scales from, and records its amaxes into, the
         non-persistent float32 [3] buffers ``float8_scale`` and ``float8_amax`` (input, weight, output gradient),
         which a :class:`Float8DelayedScaling` updates once per step; standing alone (not converted by
-        :func:`convert_to_float8`) it keeps its initial scales of 1.
+        :func:`convert_to_float8`) it keeps its initial scales of 1. fsdp_float8_all_gather (tensorwise only):
+        the weight becomes an :class:`~ampkernels.float8.fsdp.Float8AllGatherWeight`, which FSDP2's
+        ``fully_shard`` all-gathers as FP8 codes cast with the global amax's scale (:mod:`ampkernels.float8.fsdp`);
+        the layer then computes with the gathered codes, bit for bit what it computes unsharded.
 
     Layers that read one tensor (q, k and v; gate and up) cast it once with current scaling: the first casts, the
     others reuse its casts while the tensor is unchanged.
 
     The FP8 path runs when the input has a float dtype other than float64 and every dimension of the three products
     is a multiple of 16 (tokens, ``in_features``, ``out_features``); otherwise the layer computes exactly what
-    ``nn.Linear`` would. The output has the autocast dtype under ``torch.autocast``, else the input's dtype; the
-    input gradient has the input's dtype and the weight gradient the weight's, both straight from the GEMM epilogue.
+    ``nn.Linear`` would (with an FP8-gathered weight: its dequantized codes). The output has the autocast dtype under
+    ``torch.autocast``, else the input's dtype; the input gradient has the input's dtype and the weight gradient the
+    weight's, both straight from the GEMM epilogue.
     """
 
     def __init__(
@@ -266,21 +309,31 @@ class Float8Linear(nn.Linear):
         dtype=None,
         *,
         recipe: str | Float8Recipe = "tensorwise",
+        fsdp_float8_all_gather: bool = False,
     ) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
         self.recipe = Float8Recipe.named(recipe)
+        self.fsdp_float8_all_gather = _check_all_gather(fsdp_float8_all_gather, self.recipe)
+        if self.fsdp_float8_all_gather:
+            self.weight = wrap_float8_all_gather(self.weight, self.recipe.forward_dtype)
         if self.recipe.name == "delayed":
             device = self.weight.device
             self.register_buffer("float8_scale", torch.ones(3, device=device), persistent=False)
             self.register_buffer("float8_amax", torch.zeros(3, device=device), persistent=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, recipe: str | Float8Recipe = "tensorwise") -> Float8Linear:
+    def from_linear(
+        cls, linear: nn.Linear, recipe: str | Float8Recipe = "tensorwise", *, fsdp_float8_all_gather: bool = False
+    ) -> Float8Linear:
         """A Float8Linear sharing ``linear``'s parameters (the same ``nn.Parameter`` objects: an optimizer built on
-        the old module keeps working) and its training mode."""
+        the old module keeps working) and its training mode. With ``fsdp_float8_all_gather`` the weight becomes a
+        new Parameter around the same storage (build the optimizer after the conversion, as after ``fully_shard``)."""
         with torch.device("meta"):
             new = cls(linear.in_features, linear.out_features, linear.bias is not None, recipe=recipe)
+        new.fsdp_float8_all_gather = _check_all_gather(fsdp_float8_all_gather, new.recipe)
         new.weight = linear.weight
+        if new.fsdp_float8_all_gather:
+            new.weight = wrap_float8_all_gather(linear.weight, new.recipe.forward_dtype)
         new.bias = linear.bias
         if new.recipe.name == "delayed":
             new.float8_scale = torch.ones(3, device=linear.weight.device)
@@ -308,7 +361,21 @@ class Float8Linear(nn.Linear):
         return _TensorwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, None, None)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, recipe={self.recipe.name}"
+        gather = ", fsdp_float8_all_gather=True" if self.fsdp_float8_all_gather else ""
+        return f"{super().extra_repr()}, recipe={self.recipe.name}{gather}"
+
+
+def _check_all_gather(fsdp_float8_all_gather: bool, recipe: Float8Recipe) -> bool:
+    if not isinstance(fsdp_float8_all_gather, bool):
+        raise ValueError(
+            f"ampkernels.float8: argument 'fsdp_float8_all_gather': expected a bool, got {fsdp_float8_all_gather!r}"
+        )
+    if fsdp_float8_all_gather and recipe.name != "tensorwise":
+        raise ValueError(
+            "ampkernels.float8: argument 'fsdp_float8_all_gather': needs recipe 'tensorwise' (one scale per "
+            f"weight, from the global amax), got {recipe.name!r}"
+        )
+    return fsdp_float8_all_gather
 
 
 class Float8DelayedScaling:

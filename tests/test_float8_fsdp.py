@@ -1,0 +1,309 @@
+"""FP8 all-gather of Float8Linear weights under FSDP2 (``convert_to_float8(..., fsdp_float8_all_gather=True)``,
+``ampkernels.float8.fsdp``): 2 ranks with gloo on the CPU (always), with NCCL on 2 GPUs (when present).
+
+Each rank trains its half of every global batch with the weights sharded along dim 0 and all-gathered as FP8 codes.
+After every step the full parameters must equal, bit for bit, those of one unsharded converted model trained on the
+two halves (gradients accumulated and halved, as FSDP2's averaging reduce-scatter computes them): the codes are cast
+with the scale of the global amax, so every rank computes with the FP8 weight the unsharded model casts. Checked
+with the scales precomputed in one all-reduce per step and without (one all-reduce per layer), with torch's SGD and
+FusedAdamW; that the all-gathers carried FP8 codes, and how many amax reductions each mode made.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from ampkernels import FusedAdamW
+from ampkernels.float8 import Float8Linear, convert_to_float8, precompute_float8_scales
+from ampkernels.float8 import fsdp as float8_fsdp
+from ampkernels.float8.fsdp import Float8AllGatherWeight, Float8GatheredWeight
+
+WORLD = 2
+STEPS = 4
+GLOBAL_BATCH = 64
+E4M3 = torch.float8_e4m3fn
+
+needs_two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
+)
+
+
+class _Net(nn.Module):
+    """[B, 64] -> [B, 16]: three Float8Linear layers (96 x 64, 64 x 96, 16 x 64; every dimension a multiple of 16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 96)
+        self.fc2 = nn.Linear(96, 64)
+        self.out = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        silu = torch.nn.functional.silu
+        return self.out(silu(self.fc2(silu(self.fc1(x)))))
+
+
+LAYERS = ("fc1", "fc2", "out")
+
+
+def _model(device: torch.device, all_gather: bool) -> _Net:
+    torch.manual_seed(0)
+    return convert_to_float8(_Net().to(device), "tensorwise", min_features=0, fsdp_float8_all_gather=all_gather)
+
+
+def _optimizer(kind: str, model: nn.Module):
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return FusedAdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def _batch(step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    x, y = torch.randn(GLOBAL_BATCH, 64, generator=gen), torch.randn(GLOBAL_BATCH, 16, generator=gen)
+    return x.to(device), y.to(device)
+
+
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (model(x) - y).square().mean()
+
+
+def _unsharded(kind: str, world: int, device: torch.device) -> dict:
+    model = _model(device, all_gather=False)
+    opt = _optimizer(kind, model)
+    record = {"grads": [], "params": []}
+    half = GLOBAL_BATCH // world
+    for step in range(STEPS):
+        x, y = _batch(step, device)
+        opt.zero_grad(set_to_none=True)
+        for r in range(world):
+            _loss(model, x[r * half : (r + 1) * half], y[r * half : (r + 1) * half]).backward()
+        for p in model.parameters():
+            p.grad.mul_(1.0 / world)
+        record["grads"].append({n: p.grad.cpu().clone() for n, p in model.named_parameters()})
+        opt.step()
+        record["params"].append({n: p.detach().cpu().clone() for n, p in model.named_parameters()})
+    return record
+
+
+def _sharded(rank: int, world: int, kind: str, precompute: bool, device: torch.device) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    gathered, reductions = [], []
+    pre_all_gather, shard_amaxes = Float8AllGatherWeight.fsdp_pre_all_gather, float8_fsdp._shard_amaxes
+
+    def spy_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):  # FSDP2 reads the signature
+        inputs, metadata = pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy)
+        gathered.append(str(inputs[0].dtype))
+        return inputs, metadata
+
+    def spy_amaxes(tensors):
+        reductions.append(len(tensors))
+        return shard_amaxes(tensors)
+
+    Float8AllGatherWeight.fsdp_pre_all_gather = spy_pre_all_gather
+    float8_fsdp._shard_amaxes = spy_amaxes
+
+    mesh = init_device_mesh(device.type, (world,))
+    model = _model(device, all_gather=True)
+    for name in LAYERS:
+        fully_shard(getattr(model, name), mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = _optimizer(kind, model)
+    record = {"grads": [], "params": [], "reductions": []}
+    half = GLOBAL_BATCH // world
+    for step in range(STEPS):
+        if precompute:
+            precompute_float8_scales(model)
+        x, y = _batch(step, device)
+        opt.zero_grad(set_to_none=True)
+        reductions.clear()
+        _loss(model, x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]).backward()
+        record["reductions"].append(list(reductions))
+        record["grads"].append({n: p.grad.full_tensor().cpu() for n, p in model.named_parameters()})
+        opt.step()
+        record["params"].append({n: p.detach().full_tensor().cpu() for n, p in model.named_parameters()})
+    record["gathered"] = sorted(set(gathered))
+    record["local_types"] = {n: type(p.to_local()).__name__ for n, p in model.named_parameters()}
+    return record
+
+
+def _worker(rank, world, init_file, backend, kind, precompute, out_dir):
+    faulthandler.enable()
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        torch.set_num_threads(1)  # two ranks on a 2-core runner
+        result = {"sharded": _sharded(rank, world, kind, precompute, device)}
+        if rank == 0:
+            result["unsharded"] = _unsharded(kind, world, device)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    # As tests/test_lowbit_fsdp.py: leave without interpreter finalization (FSDP2's and gloo's threads still run).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _run(tmp_path, kind: str, precompute: bool, backend: str = "gloo", world: int = WORLD):
+    args = (world, str(tmp_path / "store"), backend, kind, precompute, str(tmp_path))
+    mp.spawn(_worker, args=args, nprocs=world, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    return [rank["sharded"] for rank in ranks], ranks[0]["unsharded"]
+
+
+def _check(ranks: list[dict], reference: dict, precompute: bool) -> None:
+    names = list(reference["params"][0])
+    for r, rec in enumerate(ranks):
+        assert rec["gathered"] == [str(E4M3)], f"rank {r}: all-gathered {rec['gathered']}"
+        for name in LAYERS:
+            assert rec["local_types"][f"{name}.weight"] == "Float8AllGatherWeight"
+            assert rec["local_types"][f"{name}.bias"] == "Tensor"
+        for step in range(STEPS):
+            # precomputed: one reduction of all 3 weights before the step, none in the all-gathers (forward and
+            # backward); otherwise one per layer and all-gather (3 in the forward, 2 in the backward: the root's
+            # last layer is not resharded after the forward).
+            assert rec["reductions"][step] == ([] if precompute else [1] * len(rec["reductions"][step]))
+            if not precompute:
+                assert len(rec["reductions"][step]) >= len(LAYERS)
+            for name in names:
+                got, want = rec["grads"][step][name], reference["grads"][step][name]
+                assert torch.equal(got, want), f"rank {r} step {step} {name}: gradients differ"
+                got, want = rec["params"][step][name], reference["params"][step][name]
+                diff = (got - want).abs().max().item()
+                assert torch.equal(got, want), f"rank {r} step {step} {name}: parameters differ (max {diff:.3g})"
+    for step in range(1, STEPS):
+        for name in names:
+            assert not torch.equal(reference["params"][step - 1][name], reference["params"][step][name])
+
+
+@pytest.mark.parametrize("precompute", [True, False], ids=["precomputed", "per-layer"])
+@pytest.mark.parametrize("kind", ["sgd", "fused_adamw"])
+def test_fsdp2_float8_all_gather_matches_unsharded(tmp_path, kind, precompute):
+    ranks, reference = _run(tmp_path, kind, precompute)
+    _check(ranks, reference, precompute)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("precompute", [True, False], ids=["precomputed", "per-layer"])
+def test_fsdp2_float8_all_gather_matches_unsharded_nccl(tmp_path, precompute):
+    ranks, reference = _run(tmp_path, "fused_adamw", precompute, backend="nccl")
+    _check(ranks, reference, precompute)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precompute", [True, False], ids=["precomputed", "per-layer"])
+def test_fsdp2_float8_all_gather_one_gpu_nccl(tmp_path, precompute):
+    """A world of one over NCCL: the CUDA casts in the pre-all-gather on FSDP2's copy-in stream, the gathered codes in
+    the CUDA GEMMs, the backward's re-gather; against the unsharded model on the same GPU."""
+    ranks, reference = _run(tmp_path, "fused_adamw", precompute, backend="nccl", world=1)
+    _check(ranks, reference, precompute)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One process: the wrappers themselves
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _Mesh:
+    """What fsdp_pre_all_gather asks of a device mesh, for a world of ``n`` without a process group."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def size(self) -> int:
+        return self.n
+
+
+def test_pre_all_gather_pads_uneven_shards_and_uses_the_precomputed_scale():
+    torch.manual_seed(0)
+    layer = Float8Linear(64, 48, fsdp_float8_all_gather=True)
+    weight = layer.weight
+    precompute_float8_scales(layer)
+    from ampkernels.reference import to_float8
+
+    full_codes, full_inv = to_float8(weight._hp, E4M3)
+    # 48 rows over 5 ranks: shards of 10 rows, the last of 8 (padded to 10 with zero codes).
+    shard = Float8AllGatherWeight(weight._hp[40:], E4M3)
+    shard._precomputed = weight._precomputed
+    (codes,), (scale_inv,) = shard.fsdp_pre_all_gather(_Mesh(5), torch.Size([48, 64]), (64, 1), layer, None)
+    assert codes.shape == (10, 64) and codes.dtype == E4M3
+    assert torch.equal(codes[:8].view(torch.uint8), full_codes[40:].view(torch.uint8))
+    assert not codes[8:].view(torch.uint8).any()
+    assert torch.equal(scale_inv, full_inv)
+
+
+def test_precomputed_scale_goes_stale_when_the_weight_changes():
+    torch.manual_seed(0)
+    layer = Float8Linear(64, 32, fsdp_float8_all_gather=True)
+    w = layer.weight
+    precompute_float8_scales([w])
+    assert w._valid_scale() is not None
+    with torch.no_grad():
+        w.mul_(2)  # an in-place write (the version counter)
+    assert w._valid_scale() is None
+    precompute_float8_scales(layer)
+    opt = FusedAdamW(layer.parameters(), lr=1e-2)  # fused kernels bump no version: the step hook counts
+    layer(torch.randn(16, 64)).sum().backward()
+    opt.step()
+    assert w._valid_scale() is None
+    # stale or not, the all-gather casts with the scale of the current amax
+    (codes,), (scale_inv,) = w.fsdp_pre_all_gather(None)
+    from ampkernels.reference import to_float8
+
+    want_codes, want_inv = to_float8(w._hp, E4M3)
+    assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)) and torch.equal(scale_inv, want_inv)
+
+
+def test_gathered_weight_computes_what_the_layer_computes_unsharded():
+    """A layer whose weight is the post-all-gather Float8GatheredWeight gives the unsharded layer's output and
+    gradients bit for bit; other ops (and the layer's fallback for a token count off the 16 grid) see the
+    dequantized codes."""
+    torch.manual_seed(0)
+    plain = Float8Linear(64, 32)
+    gathered = Float8Linear.from_linear(plain)
+    from ampkernels.reference import to_float8
+
+    codes, scale_inv = to_float8(plain.weight.detach(), E4M3)
+    gathered.weight = nn.Parameter(Float8GatheredWeight(codes, scale_inv, torch.float32))
+    x = torch.randn(32, 64)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1, y2 = plain(x1), gathered(x2)
+    assert torch.equal(y1, y2)
+    y1.square().sum().backward()
+    y2.square().sum().backward()
+    assert torch.equal(x1.grad, x2.grad) and torch.equal(plain.weight.grad, gathered.weight.grad)
+    assert type(gathered.weight.grad) is torch.Tensor and gathered.weight.grad.dtype == torch.float32
+    dequantized = codes.float() * scale_inv
+    assert torch.equal(gathered.weight + 0, dequantized)
+    x_odd = torch.randn(5, 64)
+    assert torch.equal(gathered(x_odd), torch.nn.functional.linear(x_odd, dequantized, plain.bias))
+
+
+def test_fsdp_float8_all_gather_options():
+    with pytest.raises(ValueError, match="fsdp_float8_all_gather.*tensorwise"):
+        convert_to_float8(_Net(), "rowwise", min_features=0, fsdp_float8_all_gather=True)
+    with pytest.raises(ValueError, match="fsdp_float8_all_gather.*tensorwise"):
+        Float8Linear(64, 32, recipe="delayed", fsdp_float8_all_gather=True)
+    with pytest.raises(ValueError, match="fsdp_float8_all_gather"):
+        Float8Linear(64, 32, fsdp_float8_all_gather="yes")
+    model = _model(torch.device("cpu"), all_gather=True)
+    assert isinstance(model.fc1.weight, nn.Parameter) and isinstance(model.fc1.weight, Float8AllGatherWeight)
+    # the state_dict holds the plain values under the plain keys, and loads both ways
+    plain = _Net()
+    plain.load_state_dict(model.state_dict())
+    assert all(torch.equal(p, q) for p, q in zip(plain.state_dict().values(), model.state_dict().values()))
+    model.load_state_dict(_Net().state_dict())
