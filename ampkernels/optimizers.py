@@ -491,9 +491,19 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _launch(self, bucket: _Bucket, group: dict[str, Any], lr, lr_tensor, grad_scale, found_inf) -> bool:
         """Steps one bucket; False (nothing written) when its gradients no longer match the bucket."""
+        if bucket.sources is None:
+            return self._launch_params(bucket, group, lr, lr_tensor, grad_scale, found_inf)
+        bucket.hand_over_gradients()
+        try:
+            return self._launch_params(bucket, group, lr, lr_tensor, grad_scale, found_inf)
+        finally:
+            # The local tensors let go of the gradients once the step is queued: zero_grad() then frees them (held
+            # here they would stay alive through the next forward and backward).
+            for local in bucket.params:
+                local.grad = None
+
+    def _launch_params(self, bucket: _Bucket, group: dict[str, Any], lr, lr_tensor, grad_scale, found_inf) -> bool:
         hyper = self._hyper(group, bucket)
-        if bucket.sources is not None:
-            bucket.hand_over_gradients()
         if bucket.versions:
             self._resync_loaded(bucket)
         step = getattr(bucket.table, f"step_{self._KIND}") if bucket.backend != "torch" else None

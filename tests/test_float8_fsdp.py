@@ -129,6 +129,9 @@ def _sharded(rank: int, world: int, kind: str, precompute: bool, device: torch.d
         record["reductions"].append(list(reductions))
         record["grads"].append({n: p.grad.full_tensor().cpu() for n, p in model.named_parameters()})
         opt.step()
+        # what the optimizer stepped (the shards, the storage inside a wrapper) holds no gradient after the step
+        locals_ = {n: p._local_tensor for n, p in model.named_parameters()}
+        record["held"] = [n for n, t in locals_.items() if getattr(t, "_hp", t).grad is not None]
         record["params"].append({n: p.detach().full_tensor().cpu() for n, p in model.named_parameters()})
     record["gathered"] = sorted(set(gathered))
     record["local_types"] = {n: type(p.to_local()).__name__ for n, p in model.named_parameters()}
@@ -167,6 +170,7 @@ def _check(ranks: list[dict], reference: dict, precompute: bool) -> None:
     names = list(reference["params"][0])
     for r, rec in enumerate(ranks):
         assert rec["gathered"] == [str(E4M3)], f"rank {r}: all-gathered {rec['gathered']}"
+        assert rec["held"] == [], f"rank {r}: local tensors still hold gradients: {rec['held']}"
         for name in LAYERS:
             assert rec["local_types"][f"{name}.weight"] == "Float8AllGatherWeight"
             assert rec["local_types"][f"{name}.bias"] == "Tensor"

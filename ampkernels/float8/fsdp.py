@@ -22,6 +22,7 @@ amax itself, with one all-reduce per layer. So a forgotten call costs collective
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable
 
@@ -165,12 +166,14 @@ class Float8AllGatherWeight(torch.Tensor):
         scale = self._global_scale(mesh)
         rows = hp.shape[0]
         padded = rows if outer_size is None else -(-outer_size[0] // mesh.size())
-        codes = torch.zeros((max(rows, padded), *hp.shape[1:]), dtype=self._float8_dtype, device=hp.device)
         if hp.numel():
             data, scale_inv = to_float8(hp.reshape(rows, -1), self._float8_dtype, scale=scale.reshape(1))
-            codes[:rows].copy_(data.view(hp.shape))
+            codes = data.view(hp.shape)
         else:
-            scale_inv = torch.reciprocal(scale)
+            codes, scale_inv = torch.empty(hp.shape, dtype=self._float8_dtype, device=hp.device), scale.reciprocal()
+        if padded > rows:  # FSDP2 gathers equal shards: the last ranks' are padded (with zero codes)
+            pad = torch.zeros((padded - rows, *hp.shape[1:]), dtype=torch.uint8, device=hp.device)
+            codes = torch.cat((codes.view(torch.uint8), pad)).view(self._float8_dtype)
         return (codes,), (scale_inv.reshape(()),)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
@@ -229,8 +232,17 @@ class Float8GatheredWeight(torch.Tensor):
 
 
 def _shard_amaxes(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """float32 [len(tensors)]: max |t| of each (0 for an empty shard; NaN for a shard with a NaN)."""
-    return torch.stack([reference.float8_amax(t) for t in tensors])
+    """float32 [len(tensors)]: max |t| of each (0 for an empty shard; NaN for a shard with a NaN), in one
+    multi-tensor kernel per dtype (torch's infinity norm: exact, it is a max)."""
+    nonempty = [i for i, t in enumerate(tensors) if t.numel()]
+    amaxes = torch.zeros(len(tensors), dtype=torch.float32, device=tensors[0].device)
+    if nonempty:
+        norms = torch._foreach_norm([tensors[i] for i in nonempty], ord=math.inf)
+        values = torch.stack([n.float() for n in norms])
+        if len(nonempty) == len(tensors):
+            return values
+        amaxes[nonempty] = values
+    return amaxes
 
 
 def float8_all_gather_weights(module: nn.Module) -> list[Float8AllGatherWeight]:
