@@ -245,8 +245,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """As torch's, except that float32 state of float16/bfloat16 parameters (master weights) stays float32.
 
         Accepts state_dicts of torch.optim.Adam/AdamW/SGD (any of their forms) and of these classes; parameters
-        without saved state get it lazily on their first step.
+        without saved state get it lazily on their first step. DTensor entries (what :meth:`state_dict` gives for
+        FSDP2's sharded parameters, and what torch.distributed.checkpoint loads into) are taken as this rank's
+        shards, redistributed first if they are laid out otherwise than their parameter.
         """
+        state_dict = self._local_entries(state_dict)
         self._check_state_dict(state_dict)
         saved_groups = state_dict["param_groups"]
         saved_state = state_dict["state"]
@@ -269,6 +272,76 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     #: Param-group options that say how the state is stored (kept by load_state_dict).
     _STORAGE_OPTIONS: tuple[str, ...] = ()
+
+    def state_dict(self, dequantize: bool = False) -> dict[str, Any]:
+        """As torch's. The state of an FSDP2 (DTensor) parameter is kept as its local shard and saved as a DTensor
+        sharded like the parameter (dim 0 of the codes and block exponents of a quantized moment), so that
+        torch.distributed.checkpoint saves and loads every rank's shard (torch's optimizers do the same).
+        ``dequantize``: see :meth:`FusedAdam.state_dict`."""
+        sd = super().state_dict()
+        if dequantize:
+            sd = self._dequantized(sd)
+        return self._sharded_entries(sd)
+
+    def _dequantized(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """Subclasses with quantized state: ``sd`` with that state decoded to float32."""
+        return sd
+
+    def _saved_entries(self, sd: dict[str, Any]):
+        """(the state_dict's entry id, the parameter) of every parameter, in order."""
+        params = chain.from_iterable(g["params"] for g in self.param_groups)
+        ids = chain.from_iterable(g["params"] for g in sd["param_groups"])
+        return zip(ids, params, strict=True)
+
+    def _sharded_entries(self, sd: dict[str, Any]) -> dict[str, Any]:
+        for saved_id, p in self._saved_entries(sd):
+            entry = sd["state"].get(saved_id)
+            if entry is None or not _is_dtensor(p):
+                continue
+            from torch.distributed.tensor import DTensor
+
+            local = _local(p)
+            entry = sd["state"][saved_id] = dict(entry)  # (torch's state_dict shares the entries with self.state)
+            for key, value in entry.items():
+                if key == "step" or not isinstance(value, torch.Tensor) or value.dim() == 0:
+                    continue
+                # Param-shaped state has the parameter's global shape; codes and exponents that of dim 0 (their
+                # formats allow dim-0 sharding only).
+                shape = tuple(p.shape) if value.shape == local.shape else (p.shape[0], *value.shape[1:])
+                stride = [1] * len(shape)
+                for d in range(len(shape) - 2, -1, -1):
+                    stride[d] = stride[d + 1] * shape[d + 1]
+                entry[key] = DTensor.from_local(
+                    value, p.device_mesh, p.placements, run_check=False, shape=shape, stride=tuple(stride)
+                )
+        return sd
+
+    def _local_entries(self, state_dict: Any) -> Any:
+        """``state_dict`` with its DTensor entries replaced by this rank's shards, laid out as their parameters."""
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
+            return state_dict  # _check_state_dict says what is wrong
+        state, changed = dict(state_dict["state"]), False
+        saved_groups = state_dict.get("param_groups")
+        if not isinstance(saved_groups, list):
+            return state_dict
+        for gi, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple)):
+                continue
+            for saved_id, p in zip(saved["params"], group["params"]):
+                entry = state.get(saved_id)
+                if not isinstance(entry, dict) or not any(_is_dtensor(v) for v in entry.values()):
+                    continue
+                if not _is_dtensor(p):
+                    raise TypeError(
+                        f"{type(self).__name__}.load_state_dict: state[{saved_id!r}] (param group {gi}) holds "
+                        "DTensors, but its parameter is a plain tensor"
+                    )
+                state[saved_id] = {
+                    k: v.redistribute(p.device_mesh, p.placements).to_local() if _is_dtensor(v) else v
+                    for k, v in entry.items()
+                }
+                changed = True
+        return {**state_dict, "state": state} if changed else state_dict
 
     def _decode_loaded(self, state: dict, saved: dict, group: dict, p: torch.Tensor) -> None:
         """Subclasses: turn loaded state of another storage format into one the next step converts from."""
@@ -858,13 +931,12 @@ class FusedAdam(_FusedOptimizer):
 
     def state_dict(self, dequantize: bool = False) -> dict[str, Any]:
         """As torch's; quantized moments are saved as their codes and block exponents (the compact state), or with
-        ``dequantize=True`` decoded to float32, which torch.optim.Adam/AdamW load."""
-        sd = super().state_dict()
-        if not dequantize:
-            return sd
-        params = chain.from_iterable(g["params"] for g in self.param_groups)
-        ids = chain.from_iterable(g["params"] for g in sd["param_groups"])
-        for saved_id, p in zip(ids, params, strict=True):
+        ``dequantize=True`` decoded to float32, which torch.optim.Adam/AdamW load. FSDP2 (DTensor) parameters'
+        state is saved as DTensors (see :meth:`_FusedOptimizer.state_dict`)."""
+        return super().state_dict(dequantize)
+
+    def _dequantized(self, sd: dict[str, Any]) -> dict[str, Any]:
+        for saved_id, p in self._saved_entries(sd):
             entry = sd["state"].get(saved_id)
             if entry is None:
                 continue
