@@ -11,6 +11,7 @@ FusedAdamW; that the all-gathers carried FP8 codes, and how many amax reductions
 
 from __future__ import annotations
 
+import copy
 import faulthandler
 import os
 import sys
@@ -311,3 +312,25 @@ def test_fsdp_float8_all_gather_options():
     plain.load_state_dict(model.state_dict())
     assert all(torch.equal(p, q) for p, q in zip(plain.state_dict().values(), model.state_dict().values()))
     model.load_state_dict(_Net().state_dict())
+
+
+def test_layers_with_either_weight_compile_as_they_run_eagerly():
+    """torch.compile (aot_eager, fullgraph) of a layer whose weight is the FSDP2 wrapper (as before fully_shard or
+    without it) or the gathered codes (as inside an FSDP2 forward): the eager results, bit for bit."""
+    from ampkernels.reference import to_float8
+
+    torch.manual_seed(0)
+    x = torch.randn(32, 64)
+    wrapped = Float8Linear(64, 32, fsdp_float8_all_gather=True)
+    plain = Float8Linear(64, 32)
+    codes, scale_inv = to_float8(plain.weight.detach(), E4M3)
+    gathered = Float8Linear.from_linear(plain)
+    gathered.weight = nn.Parameter(Float8GatheredWeight(codes, scale_inv, torch.float32))
+    for layer in (wrapped, gathered):
+        twin = copy.deepcopy(layer)
+        compiled = torch.compile(twin, backend="aot_eager", fullgraph=True)
+        want, got = layer(x), compiled(x)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        assert torch.equal(got, want)
+        assert torch.equal(twin.weight.grad, layer.weight.grad) and torch.equal(twin.bias.grad, layer.bias.grad)

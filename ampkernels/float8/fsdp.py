@@ -188,7 +188,7 @@ class Float8AllGatherWeight(torch.Tensor):
 class Float8GatheredWeight(torch.Tensor):
     """An unsharded weight as FP8 ``codes`` and their float32 0-d ``scale_inv`` (``weight ≈ codes.float() *
     scale_inv``), with ``dtype`` (the parameter's) outside. :class:`~ampkernels.float8.Float8Linear` computes
-    with the codes; every other op sees the dequantized weight (views keep the codes)."""
+    with the codes; every other op sees the dequantized weight (views and clones keep the codes)."""
 
     @staticmethod
     def __new__(cls, codes: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype):
@@ -218,6 +218,9 @@ class Float8GatheredWeight(torch.Tensor):
         if func in _VIEW_OPS and isinstance(args[0], cls):
             self = args[0]
             return cls(func(self._codes, *args[1:], **kwargs), self._scale_inv, self.dtype)
+        if func is aten.clone.default and isinstance(args[0], cls):  # (deepcopy)
+            self = args[0]
+            return cls(func(self._codes, *args[1:], **kwargs), self._scale_inv.clone(), self.dtype)
         return func(*tree_map_only(cls, cls.dequantized, args), **tree_map_only(cls, cls.dequantized, kwargs))
 
     def __tensor_flatten__(self):
