@@ -248,30 +248,28 @@ def _shard_amaxes(tensors: list[torch.Tensor]) -> torch.Tensor:
     return amaxes
 
 
-def float8_all_gather_weights(module: nn.Module) -> list[Float8AllGatherWeight]:
-    """The Float8AllGatherWeight of every parameter of ``module`` (this rank's local shards under FSDP2)."""
-    return [w for w in (_local(p) for p in module.parameters()) if isinstance(w, Float8AllGatherWeight)]
-
-
 @torch.no_grad()
 def precompute_float8_scales(module: nn.Module | Iterable[torch.Tensor]) -> None:
     """Takes the global amax of every FP8-all-gathered weight of ``module`` (a model, or its parameters) in one
-    all-reduce per device mesh, and keeps each weight's scale for its next all-gathers. Call it after each optimizer
-    step, on every rank: the amaxes are all-reduced. Without it (or after the weights changed since) each all-gather
-    takes its own amax: the same scale, one all-reduce per layer instead of one in all. No host sync."""
+    all-reduce per device mesh (and codes' dtype), and keeps each weight's scale for its next all-gathers. Call it
+    after each optimizer step, on every rank: the amaxes are all-reduced. Without it (or after the weights changed
+    since) each all-gather takes its own amax: the same scale, one all-reduce per layer instead of one in all. No
+    host sync."""
     params = module.parameters() if isinstance(module, nn.Module) else module
-    by_mesh: dict[int, tuple] = {}
+    groups: dict[tuple, tuple] = {}  # one all-reduce per mesh, one scale computation per (mesh, codes' dtype)
     for p in params:
-        if isinstance(_local(p), Float8AllGatherWeight):
+        local = _local(p)
+        if isinstance(local, Float8AllGatherWeight):
             mesh = getattr(p, "device_mesh", None)
-            by_mesh.setdefault(id(mesh), (mesh, []))[1].append(p)
-    for mesh, weights in by_mesh.values():
+            groups.setdefault((id(mesh), local._float8_dtype), (mesh, local._float8_dtype, []))[2].append(p)
+    for mesh, float8_dtype, weights in groups.values():
         locals_ = [_local(p) for p in weights]
         amaxes = _shard_amaxes([w._hp for w in locals_])
         if mesh is not None and mesh.size() > 1:
             dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=mesh.get_group())
-        for p, w, amax in zip(weights, locals_, amaxes.unbind(0)):
-            w._precomputed = (reference.float8_scale(amax, w._float8_dtype), _steps_seen, weakref.ref(p), p._version)
+        scales = reference.float8_scale(amaxes, float8_dtype).unbind(0)
+        for p, w, scale in zip(weights, locals_, scales):
+            w._precomputed = (scale, _steps_seen, weakref.ref(p), p._version)
 
 
 def wrap_float8_all_gather(weight: nn.Parameter, float8_dtype: torch.dtype) -> nn.Parameter:
@@ -289,7 +287,6 @@ def wrap_float8_all_gather(weight: nn.Parameter, float8_dtype: torch.dtype) -> n
 __all__ = [
     "Float8AllGatherWeight",
     "Float8GatheredWeight",
-    "float8_all_gather_weights",
     "precompute_float8_scales",
     "wrap_float8_all_gather",
 ]

@@ -262,8 +262,8 @@ class _RowwiseMatmul(torch.autograd.Function):
 #: The measured size rule (H200, ``python -m benchmarks --only float8``, "layer sizes": forward + backward of one
 #: layer at 16384 tokens under bf16 autocast, replayed as a CUDA graph, 2026-12-04): FP8 was faster than bf16 on
 #: every measured layer whose weight has at least this many elements (K x N), per granularity, and slower on every
-#: smaller one. Tensorwise: 1536^2 1.04x, 1024^2 0.86x; rowwise (more cast work per operand): 3072^2 1.04x,
-#: 2048 x 8192 1.21x, 2048^2 0.94x. docs/float8.md has the table.
+#: smaller one. Tensorwise: 1536^2 1.05x, 1024^2 0.86x; rowwise (more cast work per operand): 3072^2 1.05x,
+#: 2048 x 8192 1.20x, 2048^2 0.95x. docs/float8.md has the table.
 MIN_WEIGHT_ELEMENTS = {"tensor": 1536 * 1536, "row": 3072 * 3072}
 
 
