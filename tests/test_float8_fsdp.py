@@ -258,7 +258,7 @@ def test_precomputed_scale_goes_stale_when_the_weight_changes():
     precompute_float8_scales([w])
     assert w._valid_scale() is not None
     with torch.no_grad():
-        w.mul_(2)  # an in-place write (the version counter)
+        assert w.mul_(2) is w  # an in-place write (the version counter); it returns the wrapper itself
     assert w._valid_scale() is None
     precompute_float8_scales(layer)
     opt = FusedAdamW(layer.parameters(), lr=1e-2)  # fused kernels bump no version: the step hook counts

@@ -73,6 +73,11 @@ def _register_step_hook() -> None:
         _hook = register_optimizer_step_post_hook(_count_step)
 
 
+def _writes_first_argument(func) -> bool:
+    arguments = func._schema.arguments
+    return bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     # FSDP2's sharded parameter is a DTensor around this rank's shard.
     return t._local_tensor if type(t).__name__ == "DTensor" and hasattr(t, "_local_tensor") else t
@@ -117,8 +122,8 @@ class Float8AllGatherWeight(torch.Tensor):
             return t._hp
 
         out = func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs))
-        if func is aten.copy_.default:
-            return args[0]  # in place: the destination itself, wrapper or not
+        if isinstance(out, torch.Tensor) and _writes_first_argument(func):
+            return args[0]  # in place (copy_, add_, ...): the destination itself, wrapper or not
         if func not in _SHARDING_OPS:
             return out
         return tree_map_only(torch.Tensor, lambda t: cls(t, float8_dtype), out)
