@@ -19,6 +19,8 @@ from ampkernels import dispatch, reference
 from ampkernels.float8 import to_float8, to_float8_pair
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# On a GPU machine every test here runs on the GPU: marked so, for `pytest -m gpu`.
+pytestmark = [pytest.mark.gpu] if DEV == "cuda" else []
 TRITON_REASON = dispatch.why_not("to_float8", "triton", DEV)
 needs_triton = pytest.mark.skipif(TRITON_REASON is not None, reason=str(TRITON_REASON))
 gpu = pytest.mark.gpu

@@ -20,6 +20,8 @@ from ampkernels.float8 import Float8Linear, RMSNorm, rms_norm, rotary_embedding,
 from ampkernels.float8 import fused as fused_module
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# On a GPU machine every test here runs on the GPU: marked so, for `pytest -m gpu`.
+pytestmark = [pytest.mark.gpu] if DEV == "cuda" else []
 TRITON_REASON = dispatch.why_not("float8_fused", "triton", DEV)
 needs_triton = pytest.mark.skipif(TRITON_REASON is not None, reason=str(TRITON_REASON))
 BACKENDS = [pytest.param("triton", marks=needs_triton), "torch"]

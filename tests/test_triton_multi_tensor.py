@@ -28,6 +28,8 @@ if not INTERPRETED and not torch.cuda.is_available():
     pytest.skip("triton was imported before TRITON_INTERPRET=1 was set and there is no GPU", allow_module_level=True)
 
 DEV = "cpu" if INTERPRETED else "cuda"
+# On a GPU machine every test here runs on the GPU: marked so, for `pytest -m gpu`.
+pytestmark = [pytest.mark.gpu] if DEV == "cuda" else []
 CHUNK = mt.CHUNK
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 

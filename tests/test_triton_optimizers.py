@@ -12,6 +12,8 @@ import torch
 from ampkernels import FusedAdamW, FusedSGD, dispatch
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# On a GPU machine every test here runs on the GPU: marked so, for `pytest -m gpu`.
+pytestmark = [pytest.mark.gpu] if DEV == "cuda" else []
 if dispatch.why_not("adam", "triton", DEV) is not None:
     pytest.skip(dispatch.why_not("adam", "triton", DEV), allow_module_level=True)
 

@@ -24,19 +24,28 @@ from ampkernels.triton.optimizers import _host_tensor
 
 # Blocks of QUANT_BLOCK elements per work item: 16384 elements, the CHUNK of the other optimizer kernels.
 ITEM_BLOCKS = 128
-# Blocks per tile ([TILE_BLOCKS, 128] elements) and warps per program. NOTE (H200, 1.1B params, swept by
-# the sweep of dev/optimizers/NOTES.md): 8 elements per thread is best for 8-bit moments (8 blocks, 4 warps:
-# 5.09 ms; 16 blocks: 5.33; 32: 7.99) and bfloat16 + stochastic rounding (3.77 ms; 16 blocks and 8 warps 3.75); a
-# 4-bit moment's unpacking wants 4 per thread (8 blocks, 8 warps: 5.08 ms; 4 warps: 7.88).
-TILE_BLOCKS = 8
-NUM_WARPS = 4
-NUM_WARPS_Q4 = 8
+# Launch configuration per kind of launch group (``_launch_config``): blocks per tile (a [tile_blocks, 128] tile),
+# warps, pipeline stages of the tile loop (Triton's num_stages: the next tiles' loads go ahead through shared
+# memory) and a register cap for groups of whole blocks (None: the compiler's choice; rows of partial blocks need
+# more). Every group with a quantized moment keeps four elements per thread in one layout (blockwise_kernels.py
+# says why); more elements per thread need more registers, and the latency hiding of more programs per SM counts
+# for more than the instructions they save. NOTE (H200, 1.1B params, dev/optimizers/NOTES.md "Low-precision state,
+# second pass"): 8-bit with float32 parameters 4.42 ms with 3 stages (1 stage 4.74, 8 blocks and 2 stages 4.47);
+# 8-bit with bfloat16 parameters 4.82 with 1 stage (2 stages 4.92); 4-bit 4.10 with 40 registers (uncapped, 56:
+# 4.46; 48: 4.83; 8 blocks: 4.51); bfloat16 moments + stochastic rounding 3.88 with 8 blocks.
+LAUNCH_CONFIGS: dict[str, tuple[int, int, int, int | None]] = {
+    "q8": (4, 4, 3, None),
+    "q8, 16-bit params": (4, 4, 1, None),
+    "q4": (4, 4, 1, 40),
+    "unquantized": (8, 4, 1, None),
+}
 _PROLOGUE_BLOCK = 256
 # Programs per launch on a GPU: one per work item by default (the hardware scheduler balances them). A persistent
 # grid larger than what fits on the GPU at once ends in a second wave that runs whole programs' shares alone, and
-# what fits depends on the variant (registers as compiled for sm_90, 4 warps: 124 for Q8/Q8 with float32
-# parameters, 4 programs per SM; 155 with bfloat16 stochastic rounding, 3; 254 for rows of partial blocks, 2). The
-# kernel loops over its items whatever the grid: set this to a measured occupancy to make it persistent.
+# what fits depends on the variant (registers as compiled for sm_90 with LAUNCH_CONFIGS: 56 for 8-bit and 4-bit
+# moments with float32 parameters, 70 for 8-bit with bfloat16 stochastic rounding, 64 for bfloat16 moments; 72-102
+# for rows of partial blocks). The kernel loops over its items whatever the grid: set this to a measured occupancy
+# to make it persistent.
 PROGRAMS_PER_SM: int | None = None
 # Every float operation rounded on its own, as the reference (Triton would fuse v * beta2 + omb2 * g * g and the
 # lerp into FMAs, which moves a moment by an ulp and, now and then, a code across a rounding boundary).
@@ -61,6 +70,15 @@ def _programs(device: torch.device, num_items: int) -> int:
     if PROGRAMS_PER_SM is None:
         return num_items
     return max(1, min(num_items, num_sms(device) * PROGRAMS_PER_SM))
+
+
+def _launch_config(fmt_m: int, fmt_v: int, p_dtype: torch.dtype) -> tuple[int, int, int, int | None]:
+    """The ``LAUNCH_CONFIGS`` entry of a launch group."""
+    if STATE_Q4 in (fmt_m, fmt_v):
+        return LAUNCH_CONFIGS["q4"]
+    if STATE_Q8 in (fmt_m, fmt_v):
+        return LAUNCH_CONFIGS["q8" if p_dtype == torch.float32 else "q8, 16-bit params"]
+    return LAUNCH_CONFIGS["unquantized"]
 
 
 def _int32(value: int) -> int:
@@ -329,6 +347,7 @@ class BlockwiseStepTable:
         interpreting = dispatch.triton_interpreting()
         w = struct.unpack("f", struct.pack("f", 1 - beta1))[0]  # the weight as the kernel holds it (reference)
         for (fmt_m, fmt_v, m_dtype, v_dtype, x_dtype, full), items, count in self.groups:
+            tile_blocks, warps, stages, maxnreg = _launch_config(fmt_m, fmt_v, p_dtype)
             m_eb, m_mb = QUANT_CODES.get((fmt_m, False), (0, 0))
             v_eb, v_mb = QUANT_CODES.get((fmt_v, True), (0, 0))
             _blockwise_adam_kernel[(_programs(self.device, count),)](
@@ -372,9 +391,11 @@ class BlockwiseStepTable:
                 SR=sr,
                 FULL=full,
                 G_ALIGNED=full and self._grads_aligned,
-                INT_BF16=interpreting,
-                NB=TILE_BLOCKS,
+                INTERPRET=interpreting,
+                NB=tile_blocks,
                 ITEM_BLOCKS=ITEM_BLOCKS,
-                num_warps=NUM_WARPS_Q4 if STATE_Q4 in (fmt_m, fmt_v) else NUM_WARPS,
+                STAGES=stages,
+                num_warps=warps,
                 enable_fp_fusion=_FP_FUSION,
+                **({"maxnreg": maxnreg} if maxnreg and full else {}),
             )

@@ -148,18 +148,44 @@ def _decode(codes, EB: tl.constexpr, MB: tl.constexpr, SIGNED: tl.constexpr):
 
 
 @triton.jit
-def _encode(y, EB: tl.constexpr, MB: tl.constexpr):
+def _encode(y, EB: tl.constexpr, MB: tl.constexpr, NO_GRID: tl.constexpr, INTERPRET: tl.constexpr):
     """reference._encode: magnitudes y (float32 >= 0, below 2 unless non-finite) -> codes (int32), nearest, ties
     away from zero. The normal range from y's bits: (bits + half a step - the exponent offset) >> (23 - MB), one
-    add for the reference's two (no int32 overflow for any bits <= 0x7FFFFFFF: NaN and inf saturate)."""
+    add for the reference's two (no int32 overflow for any bits <= 0x7FFFFFFF: NaN and inf saturate).
+
+    NO_GRID: the caller raises every code below 1 to 1 (the second moment) and MB is 0, so the grid below the
+    smallest normal value (codes 0 and 1) only ever gives 1: left out (values there come out of the normal formula
+    at 1 or below, the caller's 1 all the same)."""
     top: tl.constexpr = (1 << EB) - 1
     bias: tl.constexpr = (1 << (22 - MB)) - ((127 - top) << 23)
     normal = tl.minimum((y.to(tl.int32, bitcast=True) + bias) >> (23 - MB), (1 << (EB + MB)) - 1)
+    if NO_GRID:
+        return normal
     small = y < 2.0 ** (1 - top)
-    # The grid below the smallest normal value: floor(y * 2^k + 0.5), on the grid's lanes only (y clamped: others
-    # would overflow the int32 conversion; a NaN compares false and takes the normal path).
-    sub = tl.floor(tl.minimum(y, 2.0 ** (1 - top)) * (2.0 ** (top - 1 + MB)) + 0.5).to(tl.int32)
+    # The grid below the smallest normal value: floor(y * 2^k + 0.5), kept on the grid's lanes only (a NaN compares
+    # false and takes the normal path).
+    if INTERPRET:
+        # y clamped: numpy's int32 conversion of the other lanes would overflow.
+        sub = tl.floor(tl.minimum(y, 2.0 ** (1 - top)) * (2.0 ** (top - 1 + MB)) + 0.5).to(tl.int32)
+    else:
+        # One FMA for the product and the add: y * 2^k is exact, so the FMA rounds once as the reference's add.
+        # The other lanes' cvt.rmi saturates (PTX), and they are not kept.
+        sub = tl.floor(tl.fma(y, 2.0 ** (top - 1 + MB), 0.5)).to(tl.int32)
     return tl.where(small, sub, normal)
+
+
+@triton.jit
+def _div_rn_by(a, c, c_rcp):
+    """div.rn(a, c) for a = sqrt_rn(v) (0, +inf, NaN or >= 2^-75) and a per-tensor divisor c in (0, 1] (the bias
+    correction's square root) with c_rcp = 1 / c rounded to nearest: two Markstein corrections of a * c_rcp, 5
+    operations per element against div.rn's 11 (reciprocal, Newton step, range check, branch). The first brings the
+    quotient within an ulp of a / c, which makes the second's FMA residual exact and its sum the rounded quotient
+    (Markstein's theorem); for such a and c no step underflows or overflows. a = inf would make the residual NaN.
+    tests/test_triton_blockwise.py checks it bit for bit against IEEE division on the GPU."""
+    q = a * c_rcp
+    q = tl.fma(tl.fma(-q, c, a), c_rcp, q)
+    q = tl.fma(tl.fma(-q, c, a), c_rcp, q)
+    return tl.where(a == float("inf"), a, q)
 
 
 @triton.jit
@@ -210,12 +236,12 @@ def _store_moment(
     NB: tl.constexpr,
     DTYPE: tl.constexpr,
     FULL: tl.constexpr,
-    INT_BF16: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """Stores the new moment ``x`` (float32 [NB, 128]): rounded to the storage dtype, or as codes + exponents."""
     flat, mask, code_off, code_mask, blk, bmask = at
     if FMT != _Q8 and FMT != _Q4:
-        tl.store(x_ptr + flat, _rounded(x, DTYPE, INT_BF16), mask=mask)
+        tl.store(x_ptr + flat, _rounded(x, DTYPE, INTERPRET), mask=mask)
     else:
         # reference.quantize_blockwise, per tile row: the block's absmax on the magnitudes' bit patterns (they order
         # like the values, NaN above inf: clamped to inf's, as the reference's positive NaN rounds; lanes past the
@@ -226,7 +252,7 @@ def _store_moment(
         absmax = tl.minimum(tl.max(bits, axis=1), _INF_BITS)
         exponent = tl.minimum(tl.maximum(((absmax + (1 << (22 - MB))) >> 23) & 0xFF, 1), 253)
         y = bits.to(tl.float32, bitcast=True) * _pow2(254 - exponent)[:, None]  # exact: times 2 ** (127 - exponent)
-        codes = _encode(y, EB, MB)
+        codes = _encode(y, EB, MB, not SIGNED and MB == 0, INTERPRET)
         if SIGNED:
             codes = codes | (((x < 0.0) & (codes > 0)).to(tl.int32) << (EB + MB))  # no sign on a zero code
         else:
@@ -242,10 +268,11 @@ def _store_moment(
 
 
 @triton.jit
-def _meta_ptr(meta, row, num_tensors, t, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+def _meta_ptr(meta, row, num_tensors, t, DTYPE: tl.constexpr, ALIGN: tl.constexpr):
+    """Row ``row`` of the metadata for tensor ``t`` as a pointer, promised ALIGN-byte aligned (0: nothing)."""
     p = tl.load(meta + row * num_tensors + t).to(tl.pointer_type(DTYPE))
-    if ALIGNED:
-        p = tl.multiple_of(p, 16)
+    if ALIGN:
+        p = tl.multiple_of(p, ALIGN)
     return p
 
 
@@ -303,9 +330,10 @@ def _blockwise_adam_kernel(
     SR: tl.constexpr,
     FULL: tl.constexpr,
     G_ALIGNED: tl.constexpr,
-    INT_BF16: tl.constexpr,
+    INTERPRET: tl.constexpr,
     NB: tl.constexpr,
     ITEM_BLOCKS: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):
     """One Adam step over the work items ``items`` (int64 [num_items, 2]: tensor, first block) of tensors that all
     have the moment formats FMT_M / FMT_V. FULL: every row is whole blocks and every parameter/state address is
@@ -313,6 +341,19 @@ def _blockwise_adam_kernel(
     if _skipped(found_inf, HAS_FOUND):
         return
     QUANT: tl.constexpr = FMT_M == _Q8 or FMT_M == _Q4 or FMT_V == _Q8 or FMT_V == _Q4
+    # The alignment promised for each tensor (FULL: all are 16-byte aligned; G_ALIGNED: the gradients too). With a
+    # quantized moment, only what four elements take (float32 16 bytes, bfloat16 8, 8-bit codes 4, 4-bit codes 2):
+    # every tensor then loads and stores in one layout, [1, 4] per thread, and a block's absmax is one warp's REDUX.
+    # Promised 16, the narrower ones load as wider vectors, the tile takes their layout, and a store of another
+    # tensor first converts it through shared memory (H200 SASS of 8-bit moments with float32 parameters: 2 STS.128
+    # + 2 LDS.128 + a barrier per tile). Without one, 16 bytes: no reduction, and wider vectors issue fewer loads.
+    M_BITS: tl.constexpr = 8 if FMT_M == _Q8 else (4 if FMT_M == _Q4 else M_DTYPE.primitive_bitwidth)
+    V_BITS: tl.constexpr = 8 if FMT_V == _Q8 else (4 if FMT_V == _Q4 else V_DTYPE.primitive_bitwidth)
+    P_ALIGN: tl.constexpr = (P_DTYPE.primitive_bitwidth // 2 if QUANT else 16) if FULL else 0
+    G_ALIGN: tl.constexpr = (G_DTYPE.primitive_bitwidth // 2 if QUANT else 16) if G_ALIGNED else 0
+    M_ALIGN: tl.constexpr = (M_BITS // 2 if QUANT else 16) if FULL else 0
+    V_ALIGN: tl.constexpr = (V_BITS // 2 if QUANT else 16) if FULL else 0
+    X_ALIGN: tl.constexpr = (X_DTYPE.primitive_bitwidth // 2 if QUANT else 16) if FULL else 0
     inv = 1.0
     if HAS_SCALE:
         inv = (1.0 / tl.load(grad_scale).to(tl.float64)).to(tl.float32)  # as GradScaler.unscale_ rounds it
@@ -331,40 +372,40 @@ def _blockwise_adam_kernel(
         if FULL:
             cols = tl.multiple_of(cols, _QB)
         bend = tl.minimum(b0 + ITEM_BLOCKS, tl.load(meta + _BLOCKS * num_tensors + t).to(tl.int32))
-        p_ptr = _meta_ptr(meta, _PARAM, num_tensors, t, P_DTYPE, FULL)
+        p_ptr = _meta_ptr(meta, _PARAM, num_tensors, t, P_DTYPE, P_ALIGN)
         g_ptr = tl.load(grads + t).to(tl.pointer_type(G_DTYPE))
-        if G_ALIGNED:
-            g_ptr = tl.multiple_of(g_ptr, 16)
-        m_ptr = _meta_ptr(meta, _EXP_AVG, num_tensors, t, M_DTYPE, FULL)
-        ms_ptr = _meta_ptr(meta, _EXP_AVG_SCALE, num_tensors, t, tl.uint8, False)
-        v_ptr = _meta_ptr(meta, _EXP_AVG_SQ, num_tensors, t, V_DTYPE, FULL)
-        vs_ptr = _meta_ptr(meta, _EXP_AVG_SQ_SCALE, num_tensors, t, tl.uint8, False)
+        if G_ALIGN:
+            g_ptr = tl.multiple_of(g_ptr, G_ALIGN)
+        m_ptr = _meta_ptr(meta, _EXP_AVG, num_tensors, t, M_DTYPE, M_ALIGN)
+        ms_ptr = _meta_ptr(meta, _EXP_AVG_SCALE, num_tensors, t, tl.uint8, 0)
+        v_ptr = _meta_ptr(meta, _EXP_AVG_SQ, num_tensors, t, V_DTYPE, V_ALIGN)
+        vs_ptr = _meta_ptr(meta, _EXP_AVG_SQ_SCALE, num_tensors, t, tl.uint8, 0)
         step_size = tl.load(scalars + 2 * t)
         bc2_sqrt = tl.load(scalars + 2 * t + 1)
+        # 1 / c in float64, then float32: the same as rounding once (a float32 c's reciprocal is never that close
+        # to a float32 tie).
+        bc2_rcp = (1.0 / bc2_sqrt.to(tl.float64)).to(tl.float32)
         if SR:
             key = tl.load(keys + t).to(tl.uint32, bitcast=True)
             offset = tl.load(meta + _OFFSET * num_tensors + t)
-        for tb in range(b0, bend, NB):
+        for tb in tl.range(b0, bend, NB, num_stages=STAGES):
             blk = tb + tl.arange(0, NB)
             bmask = blk < bend
-            if QUANT:
+            if QUANT and FULL:
+                # Rows of whole blocks: block b starts at element b * 128 and code byte b * 64 (no row index).
+                block_start = tl.multiple_of(blk.to(tl.int64) * _QB, _QB)
+                code_off = tl.multiple_of(blk.to(tl.int64) * _HALF_QB, _HALF_QB)[:, None] + half_lanes[None, :]
+                code_mask = tl.broadcast_to(bmask[:, None], [NB, _HALF_QB])
+            elif QUANT:
                 row = blk // nblk
                 jb = blk - row * nblk
-                row_start = row.to(tl.int64) * cols
-                if FULL:
-                    row_start = tl.multiple_of(row_start, _QB)
-                block_start = row_start + jb * _QB
+                block_start = row.to(tl.int64) * cols + jb * _QB
                 col = jb[:, None] * _QB + lanes[None, :]
                 # Q4 codes: byte j of a row holds elements 2j, 2j + 1; a block's 128 elements fill 64 bytes.
                 code_col = jb[:, None] * _HALF_QB + half_lanes[None, :]
-                if FULL:
-                    code_row = tl.multiple_of(row.to(tl.int64) * (cols // 2), _HALF_QB)
-                    code_mask = tl.broadcast_to(bmask[:, None], [NB, _HALF_QB])
-                else:
-                    code_cols = (cols + 1) // 2
-                    code_row = row.to(tl.int64) * code_cols
-                    code_mask = bmask[:, None] & (code_col < code_cols)
-                code_off = code_row[:, None] + code_col
+                code_cols = (cols + 1) // 2
+                code_mask = bmask[:, None] & (code_col < code_cols)
+                code_off = (row.to(tl.int64) * code_cols)[:, None] + code_col
             else:
                 # One row (cols = numel): the tile is NB * 128 consecutive elements.
                 block_start = blk.to(tl.int64) * _QB
@@ -381,7 +422,7 @@ def _blockwise_adam_kernel(
             if MAXIMIZE:
                 g = -g
             if HAS_MASTER:
-                w_ptr = _meta_ptr(meta, _MASTER, num_tensors, t, tl.float32, FULL)
+                w_ptr = _meta_ptr(meta, _MASTER, num_tensors, t, tl.float32, 16 if FULL else 0)  # float32: 4 elements
                 p = tl.load(w_ptr + flat, mask=mask, other=0.0)
             else:
                 p = tl.load(p_ptr + flat, mask=mask, other=0.0).to(tl.float32)
@@ -396,13 +437,16 @@ def _blockwise_adam_kernel(
             v = v * beta2 + omb2 * g * g
             second = v
             if AMSGRAD:
-                x_ptr = _meta_ptr(meta, _MAX_EXP_AVG_SQ, num_tensors, t, X_DTYPE, FULL)
+                x_ptr = _meta_ptr(meta, _MAX_EXP_AVG_SQ, num_tensors, t, X_DTYPE, X_ALIGN)
                 vmax = tl.maximum(
                     tl.load(x_ptr + flat, mask=mask, other=0.0).to(tl.float32), v, propagate_nan=tl.PropagateNan.ALL
                 )
-                tl.store(x_ptr + flat, _rounded(vmax, X_DTYPE, INT_BF16), mask=mask)
+                tl.store(x_ptr + flat, _rounded(vmax, X_DTYPE, INTERPRET), mask=mask)
                 second = vmax
-            denom = tl.div_rn(tl.sqrt_rn(second), bc2_sqrt) + eps
+            if INTERPRET:
+                denom = tl.div_rn(tl.sqrt_rn(second), bc2_sqrt) + eps
+            else:
+                denom = _div_rn_by(tl.sqrt_rn(second), bc2_sqrt, bc2_rcp) + eps
             p = p - step_size * tl.div_rn(m, denom)
             _store_moment(
                 m,
@@ -416,7 +460,7 @@ def _blockwise_adam_kernel(
                 NB,
                 M_DTYPE,
                 FULL,
-                INT_BF16,
+                INTERPRET,
             )
             _store_moment(
                 v,
@@ -430,7 +474,7 @@ def _blockwise_adam_kernel(
                 NB,
                 V_DTYPE,
                 FULL,
-                INT_BF16,
+                INTERPRET,
             )
             if HAS_MASTER:
                 tl.store(w_ptr + flat, p, mask=mask)
@@ -446,4 +490,4 @@ def _blockwise_adam_kernel(
                 random16 = _mix32(((key + low)[:, None] + ulanes) ^ hi) >> 16
                 tl.store(p_ptr + flat, _bf16(p, random16), mask=mask)
             else:
-                tl.store(p_ptr + flat, _rounded(p, P_DTYPE, INT_BF16), mask=mask)
+                tl.store(p_ptr + flat, _rounded(p, P_DTYPE, INTERPRET), mask=mask)
