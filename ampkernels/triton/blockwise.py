@@ -42,10 +42,10 @@ LAUNCH_CONFIGS: dict[str, tuple[int, int, int, int | None]] = {
 _PROLOGUE_BLOCK = 256
 # Programs per launch on a GPU: one per work item by default (the hardware scheduler balances them). A persistent
 # grid larger than what fits on the GPU at once ends in a second wave that runs whole programs' shares alone, and
-# what fits depends on the variant (registers as compiled for sm_90 with LAUNCH_CONFIGS: 56 for 8-bit and 4-bit
-# moments with float32 parameters, 70 for 8-bit with bfloat16 stochastic rounding, 64 for bfloat16 moments; 72-102
-# for rows of partial blocks). The kernel loops over its items whatever the grid: set this to a measured occupancy
-# to make it persistent.
+# what fits depends on the variant (registers as compiled for sm_90 with LAUNCH_CONFIGS: 56 for 8-bit moments with
+# float32 parameters, 40 for 4-bit (capped), 70 for 8-bit with bfloat16 stochastic rounding, 64 for bfloat16
+# moments; 72-102 for rows of partial blocks). The kernel loops over its items whatever the grid: set this to a
+# measured occupancy to make it persistent.
 PROGRAMS_PER_SM: int | None = None
 # Every float operation rounded on its own, as the reference (Triton would fuse v * beta2 + omb2 * g * g and the
 # lerp into FMAs, which moves a moment by an ulp and, now and then, a code across a rounding boundary).

@@ -12,7 +12,8 @@ by ``ampkernels.triton.blockwise.BlockwiseStepTable``.
 
 Both return at once when ``found_inf`` is non-zero: nothing is written. The codes are the reference's integer math
 (``_block_exponent``, ``_encode``, ``_decode``, ``_mix32``) on the same float32 bit patterns, bit for bit (NaN: see
-``_INF_BITS``).
+``_INF_BITS``); the float math is the reference's operation for operation (on a GPU the division by the bias
+correction by ``_div_rn_by``, whose quotients are div.rn's).
 """
 
 from __future__ import annotations
