@@ -1,4 +1,5 @@
-"""The probes in dev/ use only public entry points and still import, so that they cannot rot unseen."""
+"""The probes in dev/ use only public entry points and still import (the CUDA ones still compile), so that they
+cannot rot unseen."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 DEV = Path(__file__).resolve().parent.parent / "dev"
 PROBES = sorted(DEV.rglob("*.py"))
 SCRIPTS = sorted(DEV.rglob("*.sh"))
+CUDA_PROBES = sorted(DEV.rglob("*.cu"))
 # The extension module itself registers torch.ops.ampkernels.*; everything else private is off limits.
 ALLOWED_PRIVATE = {"ampkernels._C"}
 
@@ -58,9 +60,23 @@ def test_shell_probe_parses(path: Path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("path", CUDA_PROBES, ids=lambda p: str(p.relative_to(DEV)))
+def test_cuda_probe_compiles(path: Path, tmp_path: Path):
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    nvcc = Path(CUDA_HOME or "/nonexistent") / "bin" / "nvcc"
+    if not nvcc.is_file():
+        pytest.skip("no CUDA toolkit (CUDA_HOME)")
+    # Compile only (sm_90a: the GPU the probes are run on); a probe needs no torch headers.
+    command = [str(nvcc), "-std=c++17", "-O3", "-arch=sm_90a", "-c", str(path), "-o", str(tmp_path / "probe.o")]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
 def test_index_lists_every_probe():
     index = (DEV / "README.md").read_text()
-    missing = [str(p.relative_to(DEV)) for p in PROBES + SCRIPTS if str(p.relative_to(DEV)) not in index]
+    probes = PROBES + SCRIPTS + CUDA_PROBES
+    missing = [str(p.relative_to(DEV)) for p in probes if str(p.relative_to(DEV)) not in index]
     assert not missing, f"dev/README.md does not list {missing}"
 
 

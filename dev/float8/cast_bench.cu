@@ -1,0 +1,545 @@
+// Standalone timing of FP8 cast designs, bf16 -> e4m3, no torch (compile and run in well under a minute):
+//   nvcc -O3 -std=c++17 -arch=sm_90a dev/float8/cast_bench.cu -o /tmp/cast_bench && /tmp/cast_bench
+//
+// Question: how close to the copy bandwidth can one tensorwise cast get, and what does current scaling (the amax
+// must be known before the first code is written) cost on top? Variants, each timed as back-to-back launches with
+// events (median of 7 loops) and checked bit for bit against the two-pass version:
+//   copy          cudaMemcpyAsync of the same bytes read + written (the ceiling);
+//   two-pass      the shipped csrc/float8/casts.cu design: a grid-stride amax pass, then a grid-stride cast walked
+//                 backwards (the amax pass's tail is in L2), two launches, 256 threads, 4 loads in flight;
+//   onepass-grid  that cast alone with a given scale (what delayed scaling costs);
+//   onepass-chunk a persistent grid, each block streaming one contiguous chunk, U loads in flight per thread;
+//   fused-smem    current scaling in one cooperative launch: each block reads its chunk once for the amax, keeping
+//                 its first part in shared memory, waits at a grid barrier, then casts the rest backwards (the last
+//                 reads still in L2) and the kept part from shared memory; also captured in a CUDA graph;
+//   rows          rowwise current scaling: a block per row (the shipped long-row design) against a persistent grid
+//                 that issues the next row's loads before this row's reduction.
+// Shapes: issue 18's 8192^2, 16384 x 2048, 16384 x 8192, and two that fit in L2 (2048^2, 4096^2).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CHECK(call)                                                                             \
+  do {                                                                                          \
+    cudaError_t err_ = (call);                                                                  \
+    if (err_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+struct alignas(16) V8 {
+  __nv_bfloat16 v[8];
+};
+
+__device__ __forceinline__ void accumulate(float v, float& acc, bool& bad) {
+  const float a = fabsf(v);
+  const bool finite = a < INFINITY;
+  acc = fmaxf(acc, finite ? a : 0.0f);
+  bad |= !finite;
+}
+
+__device__ __forceinline__ float saturated(float x, float scale) {
+  float p = x * scale;
+  p = p > 448.0f ? 448.0f : p;
+  p = p < -448.0f ? -448.0f : p;
+  return fabsf(x) < INFINITY ? p : __int_as_float(0x7fc00000);
+}
+
+__device__ __forceinline__ uint2 cast8(const V8& r, float scale) {
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float a = saturated(__bfloat162float(r.v[2 * e]), scale);
+    const float b = saturated(__bfloat162float(r.v[2 * e + 1]), scale);
+    w[e] = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  }
+  return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+}
+
+__device__ __forceinline__ void acc8(const V8& r, float& acc, bool& bad) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) accumulate(__bfloat162float(r.v[e]), acc, bad);
+}
+
+__device__ __forceinline__ float scale_of(float amax, bool bad) {
+  return bad ? 1.0f : __frcp_rn(fmaxf(amax, 1e-12f)) * 448.0f;
+}
+
+template <int kThreads>
+__device__ __forceinline__ void reduce_to_global(float acc, bool bad, unsigned* g_amax, int* g_bad) {
+  __shared__ float s_acc[kThreads / 32];
+  bad = __syncthreads_or(bad);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc = fmaxf(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+  if (threadIdx.x % 32 == 0) s_acc[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) acc = fmaxf(acc, s_acc[w]);
+    atomicMax(g_amax, __float_as_uint(acc));
+    if (bad) atomicOr(g_bad, 1);
+  }
+}
+
+// ---- the shipped two-pass design ----
+constexpr int kLoads = 4;
+
+__global__ void __launch_bounds__(256) amax_grid(const V8* __restrict__ x, int64_t nvec, unsigned* g_amax, int* g_bad) {
+  float acc = 0.0f;
+  bool bad = false;
+  const int64_t stride = int64_t(gridDim.x) * 256;
+  int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  for (; i + (kLoads - 1) * stride < nvec; i += kLoads * stride) {
+    V8 r[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) r[u] = x[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) acc8(r[u], acc, bad);
+  }
+  for (; i < nvec; i += stride) acc8(x[i], acc, bad);
+  reduce_to_global<256>(acc, bad, g_amax, g_bad);
+}
+
+__global__ void __launch_bounds__(256)
+    cast_grid(const V8* __restrict__ x, uint2* __restrict__ out, int64_t nvec, const float* given_scale,
+              const unsigned* g_amax, const int* g_bad) {
+  const float scale = given_scale ? *given_scale : scale_of(__uint_as_float(*g_amax), *g_bad != 0);
+  const int64_t stride = int64_t(gridDim.x) * 256;
+  int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  for (; i + (kLoads - 1) * stride < nvec; i += kLoads * stride) {
+    V8 r[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) r[u] = x[nvec - 1 - (i + u * stride)];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) out[nvec - 1 - (i + u * stride)] = cast8(r[u], scale);
+  }
+  for (; i < nvec; i += stride) out[nvec - 1 - i] = cast8(x[nvec - 1 - i], scale);
+}
+
+// ---- persistent chunks ----
+// Block b's chunk: vectors [begin, end), chunks of whole kThreads * U steps except the last.
+__device__ __forceinline__ void chunk_of(int64_t nvec, int64_t step, int64_t& begin, int64_t& end) {
+  const int64_t steps = (nvec + step - 1) / step;
+  const int64_t per = (steps + gridDim.x - 1) / gridDim.x;
+  begin = min(nvec, int64_t(blockIdx.x) * per * step);
+  end = min(nvec, begin + per * step);
+}
+
+template <int kThreads, int U, bool kRecord = false>
+__global__ void __launch_bounds__(kThreads)
+    cast_chunk(const V8* __restrict__ x, uint2* __restrict__ out, int64_t nvec, const float* given_scale,
+               unsigned* g_amax = nullptr, int* g_bad = nullptr) {
+  const float scale = *given_scale;
+  float acc = 0.0f;
+  bool bad = false;
+  int64_t begin, end;
+  chunk_of(nvec, int64_t(kThreads) * U, begin, end);
+  for (int64_t v0 = begin; v0 < end; v0 += int64_t(kThreads) * U) {
+    V8 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = v0 + u * kThreads + threadIdx.x;
+      if (v < end) r[u] = x[v];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = v0 + u * kThreads + threadIdx.x;
+      if (v < end) {
+        out[v] = cast8(r[u], scale);
+        if (kRecord) acc8(r[u], acc, bad);
+      }
+    }
+  }
+  if (kRecord) reduce_to_global<kThreads>(acc, bad, g_amax, g_bad);
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// One cooperative launch: amax of the chunk (its first `kept` vectors stored to shared memory on the way), grid
+// barrier on g_ticket, then the cast: the rest of the chunk backwards, then the kept part.
+template <int kThreads, int U>
+__global__ void __launch_bounds__(kThreads)
+    cast_fused_smem(const V8* __restrict__ x, uint2* __restrict__ out, int64_t nvec, int64_t kept_capacity,
+                    unsigned* g_amax, int* g_bad, unsigned* g_ticket) {
+  extern __shared__ V8 kept[];
+  int64_t begin, end;
+  chunk_of(nvec, int64_t(kThreads) * U, begin, end);
+  const int64_t kept_end = min(end, begin + kept_capacity);
+  float acc = 0.0f;
+  bool bad = false;
+  for (int64_t v0 = begin; v0 < end; v0 += int64_t(kThreads) * U) {
+    V8 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = v0 + u * kThreads + threadIdx.x;
+      if (v < end) r[u] = x[v];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = v0 + u * kThreads + threadIdx.x;
+      if (v < end) {
+        acc8(r[u], acc, bad);
+        if (v < kept_end) kept[v - begin] = r[u];
+      }
+    }
+  }
+  reduce_to_global<kThreads>(acc, bad, g_amax, g_bad);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(g_ticket, 1u);
+    while (load_acquire(g_ticket) < gridDim.x) __nanosleep(64);
+  }
+  __syncthreads();
+  const float scale = scale_of(__uint_as_float(load_acquire(g_amax)), load_acquire(reinterpret_cast<unsigned*>(g_bad)) != 0);
+  // The part not kept, from its end (the lines this block read last).
+  const int64_t rest = end - kept_end;
+  for (int64_t i0 = 0; i0 < rest; i0 += int64_t(kThreads) * U) {
+    V8 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = i0 + u * kThreads + threadIdx.x;
+      if (i < rest) r[u] = x[end - 1 - i];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = i0 + u * kThreads + threadIdx.x;
+      if (i < rest) out[end - 1 - i] = cast8(r[u], scale);
+    }
+  }
+  for (int64_t v = kept_end - 1 - threadIdx.x; v >= begin; v -= kThreads) out[v] = cast8(kept[v - begin], scale);
+}
+
+
+// ---- rowwise: a block per row (kThreads * R vectors exactly), persistent, the next row's loads issued before
+// this row's reduction ----
+template <int kThreads, int R>
+__global__ void __launch_bounds__(kThreads)
+    rows_prefetch(const V8* __restrict__ x, uint2* __restrict__ out, float* scale_inv, int64_t M) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float s_acc[2][kWarps];
+  __shared__ int s_bad[2][kWarps];
+  const int64_t vpr = int64_t(kThreads) * R;
+  V8 cur[R], next[R];
+  int64_t row = blockIdx.x;
+  if (row < M) {
+#pragma unroll
+    for (int j = 0; j < R; ++j) cur[j] = x[row * vpr + j * kThreads + threadIdx.x];
+  }
+  for (int parity = 0; row < M; row += gridDim.x, parity ^= 1) {
+    const int64_t nrow = row + gridDim.x;
+    if (nrow < M) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) next[j] = x[nrow * vpr + j * kThreads + threadIdx.x];
+    }
+    float acc = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int j = 0; j < R; ++j) acc8(cur[j], acc, bad);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc = fmaxf(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    bad = __any_sync(0xffffffffu, bad);
+    if (kWarps > 1) {
+      if (threadIdx.x % 32 == 0) s_acc[parity][threadIdx.x / 32] = acc, s_bad[parity][threadIdx.x / 32] = bad;
+      __syncthreads();  // two buffers: the next row's writes cannot race this row's reads
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) acc = fmaxf(acc, s_acc[parity][w]), bad |= s_bad[parity][w] != 0;
+    }
+    const float scale = scale_of(acc, bad);
+    if (threadIdx.x == 0) scale_inv[row] = __frcp_rn(scale);
+#pragma unroll
+    for (int j = 0; j < R; ++j) out[row * vpr + j * kThreads + threadIdx.x] = cast8(cur[j], scale);
+#pragma unroll
+    for (int j = 0; j < R; ++j) cur[j] = next[j];
+  }
+}
+
+// The same without the prefetch and without persistence: a block per row (the shipped design for long rows).
+template <int kThreads, int R>
+__global__ void __launch_bounds__(kThreads)
+    rows_plain(const V8* __restrict__ x, uint2* __restrict__ out, float* scale_inv, int64_t M) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float s_acc[kWarps];
+  __shared__ int s_bad[kWarps];
+  const int64_t vpr = int64_t(kThreads) * R;
+  const int64_t row = blockIdx.x;
+  V8 cur[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) cur[j] = x[row * vpr + j * kThreads + threadIdx.x];
+  float acc = 0.0f;
+  bool bad = false;
+#pragma unroll
+  for (int j = 0; j < R; ++j) acc8(cur[j], acc, bad);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc = fmaxf(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+  bad = __any_sync(0xffffffffu, bad);
+  if (kWarps > 1) {
+    if (threadIdx.x % 32 == 0) s_acc[threadIdx.x / 32] = acc, s_bad[threadIdx.x / 32] = bad;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc = fmaxf(acc, s_acc[w]), bad |= s_bad[w] != 0;
+  }
+  const float scale = scale_of(acc, bad);
+  if (threadIdx.x == 0) scale_inv[row] = __frcp_rn(scale);
+#pragma unroll
+  for (int j = 0; j < R; ++j) out[row * vpr + j * kThreads + threadIdx.x] = cast8(cur[j], scale);
+}
+
+// ---- harness ----
+template <typename F>
+float time_ms(F&& launch, int iters) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> t;
+  launch();
+  CHECK(cudaDeviceSynchronize());
+  for (int rep = 0; rep < 7; ++rep) {
+    CHECK(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / iters);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  return t[3];
+}
+
+__global__ void fill(V8* x, int64_t nvec, uint32_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    V8 r;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      uint32_t h = uint32_t(i * 8 + e) * 2654435761u ^ seed;
+      h ^= h >> 15;
+      h *= 2246822519u;
+      h ^= h >> 13;
+      r.v[e] = __float2bfloat16((int(h & 0xffff) - 32768) * (3.0f / 8192.0f));
+    }
+    x[i] = r;
+  }
+}
+
+int main() {
+  int sms = 0, dev = 0, coop = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("%s, %d SMs, L2 %d MB, cooperative %d, smem/block optin %zu KB\n", prop.name, sms,
+              prop.l2CacheSize >> 20, coop, prop.sharedMemPerBlockOptin >> 10);
+  // The ceiling: a 1 GiB device-to-device copy, bytes read + written.
+  double copy_gbs = 0.0;
+  {
+    const size_t bytes = size_t(1) << 30;
+    void *a, *b;
+    CHECK(cudaMalloc(&a, bytes));
+    CHECK(cudaMalloc(&b, bytes));
+    CHECK(cudaMemset(a, 1, bytes));
+    const float ms = time_ms([&] { CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+    copy_gbs = 2.0 * bytes / ms / 1e6;
+    std::printf("copy 1 GiB: %.4f ms, %.0f GB/s (read + write)\n", ms, copy_gbs);
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+  }
+  const int64_t shapes[][2] = {{8192, 8192}, {16384, 2048}, {16384, 8192}, {2048, 2048}, {4096, 4096}};
+  for (auto& s : shapes) {
+    const int64_t n = s[0] * s[1], nvec = n / 8;
+    V8* x;
+    uint2 *ref, *out;
+    unsigned* scratch;  // amax, bad, ticket
+    float* scale;
+    CHECK(cudaMalloc(&x, n * 2));
+    CHECK(cudaMalloc(&ref, n));
+    CHECK(cudaMalloc(&out, n));
+    CHECK(cudaMalloc(&scratch, 16));
+    CHECK(cudaMalloc(&scale, 4));
+    fill<<<1024, 256>>>(x, nvec, 12345u);
+    CHECK(cudaGetLastError());
+    const double floor_ms = 3.0 * n / (copy_gbs * 1e6);  // one pass: x read once, the codes written once
+    std::printf("== %lld x %lld bf16 (%.0f MB read + %.0f MB written)\n", (long long)s[0], (long long)s[1], 2.0 * n / 1e6,
+                1.0 * n / 1e6);
+    // bytes-equal copy: 3n bytes moved = copy of 1.5n bytes
+    {
+      void* dst;
+      CHECK(cudaMalloc(&dst, n * 2));
+      const float ms = time_ms([&] { CHECK(cudaMemcpyAsync(dst, x, n * 3 / 2, cudaMemcpyDeviceToDevice)); }, 20);
+      std::printf("  %-40s %.4f ms %6.0f GB/s\n", "memcpy of the same bytes moved", ms, 3.0 * n / ms / 1e6);
+      CHECK(cudaFree(dst));
+    }
+    const int resident = sms * 8;
+    const int grid = int(std::max<int64_t>(1, std::min<int64_t>((nvec + 255) / 256, resident)));
+    auto two_pass = [&] {
+      CHECK(cudaMemsetAsync(scratch, 0, 16));
+      amax_grid<<<grid, 256>>>(x, nvec, scratch, reinterpret_cast<int*>(scratch + 1));
+      cast_grid<<<grid, 256>>>(x, ref, nvec, nullptr, scratch, reinterpret_cast<int*>(scratch + 1));
+    };
+    two_pass();
+    CHECK(cudaDeviceSynchronize());
+    unsigned amax_bits;
+    CHECK(cudaMemcpy(&amax_bits, scratch, 4, cudaMemcpyDeviceToHost));
+    float amax;
+    std::memcpy(&amax, &amax_bits, 4);
+    const float sc = 448.0f / amax;  // only for the given-scale variants (their reference is their own first run)
+    CHECK(cudaMemcpy(scale, &sc, 4, cudaMemcpyHostToDevice));
+    std::vector<uint8_t> h_ref(n), h_out(n);
+    CHECK(cudaMemcpy(h_ref.data(), ref, n, cudaMemcpyDeviceToHost));
+    auto report = [&](const char* name, float ms, bool check) {
+      bool ok = true;
+      if (check) {
+        CHECK(cudaMemcpy(h_out.data(), out, n, cudaMemcpyDeviceToHost));
+        ok = std::memcmp(h_out.data(), h_ref.data(), n) == 0;
+      }
+      std::printf("  %-40s %.4f ms %6.0f GB/s %4.0f%% of copy, x one-pass floor %.2f %s\n", name, ms,
+                  3.0 * n / ms / 1e6, 100.0 * floor_ms / ms, ms / floor_ms, check ? (ok ? "bit-exact" : "MISMATCH") : "");
+    };
+    report("two-pass (shipped)", time_ms(two_pass, 20), false);
+    {
+      const float ms = time_ms([&] { amax_grid<<<grid, 256>>>(x, nvec, scratch, reinterpret_cast<int*>(scratch + 1)); }, 20);
+      std::printf("  %-40s %.4f ms %6.0f GB/s (read only)\n", "  amax pass alone", ms, 2.0 * n / ms / 1e6);
+    }
+    // given-scale one-pass variants; their codes are checked against the grid one-pass
+    cast_grid<<<grid, 256>>>(x, ref, nvec, scale, nullptr, nullptr);
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(h_ref.data(), ref, n, cudaMemcpyDeviceToHost));
+    report("onepass-grid 256x8/SM, 4 loads", time_ms([&] { cast_grid<<<grid, 256>>>(x, out, nvec, scale, nullptr, nullptr); }, 20), true);
+#define CHUNK(T, U, B)                                                                                         \
+  {                                                                                                            \
+    const int g = int(std::max<int64_t>(1, std::min<int64_t>((nvec + T - 1) / T, int64_t(sms) * B)));          \
+    CHECK(cudaMemset(out, 0, n));                                                                              \
+    report("onepass-chunk " #T "t U" #U " " #B "/SM",                                                          \
+           time_ms([&] { cast_chunk<T, U><<<g, T>>>(x, out, nvec, scale); }, 20), true);                      \
+  }
+    CHUNK(256, 4, 8)
+    CHUNK(256, 8, 8)
+    CHUNK(512, 4, 4)
+    CHUNK(1024, 4, 2)
+    CHUNK(1024, 2, 2)
+    CHUNK(512, 8, 2)
+    {
+      const int g = int(std::max<int64_t>(1, std::min<int64_t>((nvec + 255) / 256, int64_t(sms) * 8)));
+      CHECK(cudaMemset(out, 0, n));
+      int* bad = reinterpret_cast<int*>(scratch + 1);
+      report("onepass-chunk 256t U4 8/SM +record", time_ms([&] {
+        CHECK(cudaMemsetAsync(scratch, 0, 16));
+        cast_chunk<256, 4, true><<<g, 256>>>(x, out, nvec, scale, scratch, bad); }, 20), true);
+    }
+    // fused current scaling; reference: the two-pass codes
+    two_pass();
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(h_ref.data(), ref, n, cudaMemcpyDeviceToHost));
+#define FUSED(T, U, B, KB)                                                                                          \
+  {                                                                                                                 \
+    auto kern = cast_fused_smem<T, U>;                                                                              \
+    const int smem = KB * 1024;                                                                                     \
+    CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));                           \
+    int per_sm = 0;                                                                                                 \
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, T, smem));                                   \
+    const int g = std::min(sms * std::min(per_sm, B), int(std::max<int64_t>(1, (nvec + T * U - 1) / (T * U))));     \
+    int64_t cap = smem / 16;                                                                                        \
+    int* bad = reinterpret_cast<int*>(scratch + 1);                                                                 \
+    unsigned* ticket = scratch + 2;                                                                                 \
+    void* args[] = {&x, &out, const_cast<int64_t*>(&nvec), &cap, &scratch, &bad, &ticket};                         \
+    auto launch = [&] {                                                                                             \
+      CHECK(cudaMemsetAsync(scratch, 0, 16));                                                                       \
+      CHECK(cudaLaunchCooperativeKernel((void*)kern, g, T, args, smem, 0));                                         \
+    };                                                                                                              \
+    CHECK(cudaMemset(out, 0, n));                                                                                   \
+    char name[64];                                                                                                  \
+    std::snprintf(name, sizeof name, "fused-smem %dt U%d %dx%dKB (%d blk)", T, U, std::min(per_sm, B), KB, g);       \
+    report(name, time_ms(launch, 20), true);                                                                        \
+  }
+    FUSED(1024, 4, 1, 200)
+    FUSED(1024, 2, 1, 200)
+    FUSED(512, 4, 2, 100)
+    FUSED(512, 4, 1, 200)
+    FUSED(1024, 4, 1, 0)
+    FUSED(256, 4, 4, 48)
+
+    // rowwise (current per row): reference = rows_plain
+    {
+      float* sinv;
+      CHECK(cudaMalloc(&sinv, s[0] * 4));
+      const int64_t M = s[0], vpr = s[1] / 8;
+      auto run_rows = [&](auto kern_plain, auto kern_pf, int threads, int R, int per_sm_cap, const char* tag) {
+        if (vpr != int64_t(threads) * R) return;
+        kern_plain<<<int(M), threads>>>(x, ref, sinv, M);
+        CHECK(cudaDeviceSynchronize());
+        CHECK(cudaMemcpy(h_ref.data(), ref, n, cudaMemcpyDeviceToHost));
+        char name[64];
+        std::snprintf(name, sizeof name, "rows plain %s", tag);
+        CHECK(cudaMemset(out, 0, n));
+        report(name, time_ms([&] { kern_plain<<<int(M), threads>>>(x, out, sinv, M); }, 20), true);
+        int per_sm = 0;
+        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern_pf, threads, 0));
+        for (int cap : {per_sm_cap, per_sm}) {
+          const int g = int(std::min<int64_t>(M, int64_t(sms) * std::min(per_sm, cap)));
+          std::snprintf(name, sizeof name, "rows prefetch %s %d/SM", tag, std::min(per_sm, cap));
+          CHECK(cudaMemset(out, 0, n));
+          report(name, time_ms([&] { kern_pf<<<g, threads>>>(x, out, sinv, M); }, 20), true);
+        }
+      };
+      run_rows(rows_plain<256, 4>, rows_prefetch<256, 4>, 256, 4, 2, "256t x4");
+      run_rows(rows_plain<512, 2>, rows_prefetch<512, 2>, 512, 2, 2, "512t x2");
+      run_rows(rows_plain<128, 2>, rows_prefetch<128, 2>, 128, 2, 8, "128t x2");
+      run_rows(rows_plain<64, 4>, rows_prefetch<64, 4>, 64, 4, 16, "64t x4");
+      run_rows(rows_plain<256, 1>, rows_prefetch<256, 1>, 256, 1, 4, "256t x1");
+      CHECK(cudaFree(sinv));
+    }
+    // The cooperative launch captured in a CUDA graph (as capture_step would): supported, and as fast?
+    two_pass();
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(h_ref.data(), ref, n, cudaMemcpyDeviceToHost));
+    {
+      auto kern = cast_fused_smem<1024, 4>;
+      const int smem = 200 * 1024;
+      int64_t cap = smem / 16;
+      int* bad = reinterpret_cast<int*>(scratch + 1);
+      unsigned* ticket = scratch + 2;
+      void* args[] = {&x, &out, const_cast<int64_t*>(&nvec), &cap, &scratch, &bad, &ticket};
+      cudaStream_t st;
+      CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      cudaError_t err = cudaSuccess;
+      for (int i = 0; i < 20 && err == cudaSuccess; ++i) {
+        err = cudaMemsetAsync(scratch, 0, 16, st);
+        if (err == cudaSuccess) err = cudaLaunchCooperativeKernel((void*)kern, sms, 1024, args, smem, st);
+      }
+      const cudaError_t end_err = cudaStreamEndCapture(st, &graph);
+      if (err == cudaSuccess) err = end_err;
+      if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+      if (err != cudaSuccess) {
+        std::printf("  cooperative launch in a CUDA graph: %s\n", cudaGetErrorString(err));
+        (void)cudaGetLastError();
+      } else {
+        CHECK(cudaMemset(out, 0, n));
+        const float ms = time_ms([&] { CHECK(cudaGraphLaunch(exec, 0)); }, 1) / 20;
+        report("fused-smem 1024t U4, graph replay", ms, true);
+      }
+      if (exec) CHECK(cudaGraphExecDestroy(exec));
+      if (graph) CHECK(cudaGraphDestroy(graph));
+      CHECK(cudaStreamDestroy(st));
+    }
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(ref));
+    CHECK(cudaFree(out));
+    CHECK(cudaFree(scratch));
+    CHECK(cudaFree(scale));
+  }
+  return 0;
+}
