@@ -93,7 +93,7 @@ def _unsharded(kind: str, world: int, device: torch.device) -> dict:
     return record
 
 
-def _sharded(rank: int, world: int, kind: str, precompute: bool, device: torch.device) -> dict:
+def _sharded(rank: int, world: int, kind: str, precompute: bool, device: torch.device, compiled: bool) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -118,6 +118,9 @@ def _sharded(rank: int, world: int, kind: str, precompute: bool, device: torch.d
         fully_shard(getattr(model, name), mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = _optimizer(kind, model)
+    # compiled: the sharded model under torch.compile (aot_eager: the traced graphs run as traced, so the results must
+    # stay bit for bit the unsharded eager model's); FSDP2's hooks run outside the graphs, as torch.compile keeps them.
+    forward = torch.compile(model, backend="aot_eager") if compiled else model
     record = {"grads": [], "params": [], "reductions": []}
     half = GLOBAL_BATCH // world
     for step in range(STEPS):
@@ -126,7 +129,7 @@ def _sharded(rank: int, world: int, kind: str, precompute: bool, device: torch.d
         x, y = _batch(step, device)
         opt.zero_grad(set_to_none=True)
         reductions.clear()
-        _loss(model, x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]).backward()
+        _loss(forward, x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]).backward()
         record["reductions"].append(list(reductions))
         record["grads"].append({n: p.grad.full_tensor().cpu() for n, p in model.named_parameters()})
         opt.step()
@@ -136,10 +139,11 @@ def _sharded(rank: int, world: int, kind: str, precompute: bool, device: torch.d
         record["params"].append({n: p.detach().full_tensor().cpu() for n, p in model.named_parameters()})
     record["gathered"] = sorted(set(gathered))
     record["local_types"] = {n: type(p.to_local()).__name__ for n, p in model.named_parameters()}
+    record["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     return record
 
 
-def _worker(rank, world, init_file, backend, kind, precompute, out_dir):
+def _worker(rank, world, init_file, backend, kind, precompute, out_dir, compiled):
     faulthandler.enable()
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -147,7 +151,7 @@ def _worker(rank, world, init_file, backend, kind, precompute, out_dir):
         if device.type == "cuda":
             torch.cuda.set_device(device)
         torch.set_num_threads(1)  # two ranks on a 2-core runner
-        result = {"sharded": _sharded(rank, world, kind, precompute, device)}
+        result = {"sharded": _sharded(rank, world, kind, precompute, device, compiled)}
         if rank == 0:
             result["unsharded"] = _unsharded(kind, world, device)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -160,8 +164,8 @@ def _worker(rank, world, init_file, backend, kind, precompute, out_dir):
     os._exit(0)
 
 
-def _run(tmp_path, kind: str, precompute: bool, backend: str = "gloo", world: int = WORLD):
-    args = (world, str(tmp_path / "store"), backend, kind, precompute, str(tmp_path))
+def _run(tmp_path, kind: str, precompute: bool, backend: str = "gloo", world: int = WORLD, compiled: bool = False):
+    args = (world, str(tmp_path / "store"), backend, kind, precompute, str(tmp_path), compiled)
     mp.spawn(_worker, args=args, nprocs=world, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     return [rank["sharded"] for rank in ranks], ranks[0]["unsharded"]
@@ -200,6 +204,14 @@ def test_fsdp2_float8_all_gather_matches_unsharded(tmp_path, kind, precompute):
     _check(ranks, reference, precompute)
 
 
+@pytest.mark.parametrize("precompute", [True, False], ids=["precomputed", "per-layer"])
+def test_fsdp2_float8_all_gather_compiled_matches_unsharded(tmp_path, precompute):
+    """The sharded model under torch.compile: the same parameters, bit for bit, as the unsharded eager model."""
+    ranks, reference = _run(tmp_path, "fused_adamw", precompute, compiled=True)
+    _check(ranks, reference, precompute)
+    assert all(rank["graphs"] > 0 for rank in ranks), "nothing was compiled"
+
+
 @pytest.mark.gpu
 @needs_two_gpus
 @pytest.mark.parametrize("precompute", [True, False], ids=["precomputed", "per-layer"])
@@ -210,11 +222,12 @@ def test_fsdp2_float8_all_gather_matches_unsharded_nccl(tmp_path, precompute):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("precompute", [True, False], ids=["precomputed", "per-layer"])
-def test_fsdp2_float8_all_gather_one_gpu_nccl(tmp_path, precompute):
+def test_fsdp2_float8_all_gather_one_gpu_nccl(tmp_path, precompute, compiled):
     """A world of one over NCCL: the CUDA casts in the pre-all-gather on FSDP2's copy-in stream, the gathered codes in
-    the CUDA GEMMs, the backward's re-gather; against the unsharded model on the same GPU."""
-    ranks, reference = _run(tmp_path, "fused_adamw", precompute, backend="nccl", world=1)
+    the CUDA GEMMs, the backward's re-gather; against the unsharded model on the same GPU (eagerly or compiled)."""
+    ranks, reference = _run(tmp_path, "fused_adamw", precompute, backend="nccl", world=1, compiled=compiled)
     _check(ranks, reference, precompute)
 
 

@@ -122,6 +122,18 @@ def test_autocast_output_dtype_and_gradient_dtypes(device):
     assert _rel(out, ref) < 0.06
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_output_is_a_view_only_where_linear_s_is(recipe, device):
+    """A 2-d input's output is not a view (FSDP2 warns of a module that returns one: an in-place op on it would drop
+    the pre-backward hook); a batched input's is a view of the [tokens, N] product, as nn.Linear's."""
+    plain, layer = _layer(recipe, device=device)
+    for shape in ((32, 96), (2, 16, 96)):
+        x = torch.randn(*shape, device=device, requires_grad=True)
+        out, ref = layer(x), plain(x)
+        assert out.shape == ref.shape and out._is_view() == ref._is_view() == (len(shape) > 2)
+        out.sum().backward()
+
+
 def test_unaligned_or_float64_inputs_compute_what_linear_does():
     plain, layer = _layer("tensorwise")
     for x in (torch.randn(5, 96), torch.randn(3, 7, 96), torch.randn(16, 96, dtype=torch.float64)):

@@ -152,6 +152,12 @@ class _InputCasts:
 _INPUT_CASTS = _InputCasts()
 
 
+def _batched(out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """The [tokens, N] product in the input's batch shape; a 2-d input's product as it is, not a view of it (FSDP2
+    warns of a module that returns a view: an in-place op on it would skip FSDP2's pre-backward hook)."""
+    return out if input.dim() == 2 else out.view(*input.shape[:-1], out.shape[-1])
+
+
 class _TensorwiseMatmul(torch.autograd.Function):
     """The three products with one scale per tensor: current scaling (``scale`` None) or delayed (``scale`` and
     ``amax``: the layer's float32 [3] buffers, indexed by INPUT, WEIGHT, GRAD_OUTPUT)."""
@@ -194,7 +200,7 @@ class _TensorwiseMatmul(torch.autograd.Function):
         ctx.scale, ctx.amax = scale, amax
         ctx.recipe, ctx.x_dtype, ctx.w_dtype, ctx.x_shape = recipe, x.dtype, weight.dtype, input.shape
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return out.view(*input.shape[:-1], out.shape[-1])
+        return _batched(out, input)
 
     @staticmethod
     def backward(ctx, grad):
@@ -238,7 +244,7 @@ class _RowwiseMatmul(torch.autograd.Function):
         ctx.save_for_backward(xt8, xt_inv, weight)
         ctx.recipe, ctx.x_dtype, ctx.x_shape = recipe, x.dtype, input.shape
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return out.view(*input.shape[:-1], out.shape[-1])
+        return _batched(out, input)
 
     @staticmethod
     def backward(ctx, grad):
