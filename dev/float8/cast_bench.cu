@@ -13,7 +13,10 @@
 //                 its first part in shared memory, waits at a grid barrier, then casts the rest backwards (the last
 //                 reads still in L2) and the kept part from shared memory; also captured in a CUDA graph;
 //   rows          rowwise current scaling: a block per row (the shipped long-row design) against a persistent grid
-//                 that issues the next row's loads before this row's reduction.
+//                 that issues the next row's loads before this row's reduction;
+//   pair          both layouts (to_float8_pair), current scaling: the shipped amax pass + one 128 x 128 tile per
+//                 block, against a persistent tile loop that issues the next tile's loads first, and against one
+//                 cooperative launch that keeps 6 tiles per SM in shared memory across the grid barrier.
 // Shapes: issue 18's 8192^2, 16384 x 2048, 16384 x 8192, and two that fit in L2 (2048^2, 4096^2).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -295,6 +298,166 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < R; ++j) out[row * vpr + j * kThreads + threadIdx.x] = cast8(cur[j], scale);
 }
 
+
+// ---- pair casts (both layouts, current tensorwise scaling) of an [M, K] matrix, M and K multiples of 128 ----
+// The shipped tile (csrc/float8/casts.cu, cast_tiles_kernel): 128 x 128, 256 threads, thread t owns column vector
+// t % 16 of rows t / 16 + 16 i (8 vectors); codes written as [M, K] from registers and as [K, M] through a
+// swizzled shared-memory tile, each thread transposing 4 x 4 byte blocks and storing 16-byte runs.
+constexpr int kTile = 128;
+constexpr int kTileThreads = 256;
+constexpr int kTileVecs = kTile * kTile / 8 / kTileThreads;  // 8 vectors of 8 bf16 per thread
+
+__device__ __forceinline__ int swz(int m, int k) { return (((k >> 3) ^ ((m / 16) & 7)) << 3) | (k & 7); }
+
+// The codes of this thread's 8 vectors of tile (m0, k0): [M, K] codes to global, the same to the staging tile.
+__device__ __forceinline__ void tile_codes(const V8 (&r)[kTileVecs], float scale, int64_t m0, int64_t k0, int64_t K,
+                                           uint8_t* __restrict__ out, uint8_t (*codes)[kTile]) {
+  const int cv = threadIdx.x % 16;
+#pragma unroll
+  for (int i = 0; i < kTileVecs; ++i) {
+    const int row = threadIdx.x / 16 + 16 * i;
+    const uint2 c = cast8(r[i], scale);
+    *reinterpret_cast<uint2*>(out + (m0 + row) * K + k0 + cv * 8) = c;
+    *reinterpret_cast<uint2*>(&codes[row][swz(row, cv * 8)]) = c;
+  }
+}
+
+// The staging tile's codes written as rows k0.. of the [K, M] codes (call between two barriers).
+__device__ __forceinline__ void tile_transposed(const uint8_t (*codes)[kTile], int64_t m0, int64_t k0, int64_t M,
+                                                uint8_t* __restrict__ out_t) {
+  const int run = threadIdx.x % 8;
+  const int kk = (threadIdx.x / 8) * 4;
+  uint32_t o[4][4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = run * 16 + q * 4 + i;
+      w[i] = *reinterpret_cast<const uint32_t*>(&codes[row][swz(row, kk)]);
+    }
+    const uint32_t t0 = __byte_perm(w[0], w[1], 0x5140), t1 = __byte_perm(w[0], w[1], 0x7362);
+    const uint32_t t2 = __byte_perm(w[2], w[3], 0x5140), t3 = __byte_perm(w[2], w[3], 0x7362);
+    o[0][q] = __byte_perm(t0, t2, 0x5410);
+    o[1][q] = __byte_perm(t0, t2, 0x7632);
+    o[2][q] = __byte_perm(t1, t3, 0x5410);
+    o[3][q] = __byte_perm(t1, t3, 0x7632);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    *reinterpret_cast<uint4*>(out_t + (k0 + kk + j) * M + m0 + run * 16) = make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]);
+}
+
+__device__ __forceinline__ void tile_load(V8 (&r)[kTileVecs], const V8* __restrict__ x, int64_t m0, int64_t k0,
+                                          int64_t K) {
+  const int cv = threadIdx.x % 16;
+#pragma unroll
+  for (int i = 0; i < kTileVecs; ++i) r[i] = x[((m0 + threadIdx.x / 16 + 16 * i) * K + k0) / 8 + cv];
+}
+
+// Shipped: a tile per block, the last tile first (the amax pass's tail in L2); 3 blocks per SM.
+__global__ void __launch_bounds__(kTileThreads, 3)
+    pair_tiles(const V8* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, int64_t M, int64_t K,
+               const unsigned* g_amax, const int* g_bad) {
+  __shared__ __align__(16) uint8_t codes[kTile][kTile];
+  const float scale = scale_of(__uint_as_float(*g_amax), *g_bad != 0);
+  const int64_t tiles_k = K / kTile;
+  const int64_t tile = int64_t(gridDim.x) - 1 - blockIdx.x;
+  const int64_t m0 = (tile / tiles_k) * kTile, k0 = (tile % tiles_k) * kTile;
+  V8 r[kTileVecs];
+  tile_load(r, x, m0, k0, K);
+  tile_codes(r, scale, m0, k0, K, out, codes);
+  __syncthreads();
+  tile_transposed(codes, m0, k0, M, out_t);
+}
+
+// Persistent: each block walks tiles blockIdx, + gridDim, ... from the last; the next tile's loads are issued before
+// this tile's casts and transposed stores, so the loads stay in flight through the whole loop.
+__global__ void __launch_bounds__(kTileThreads, 2)
+    pair_tiles_prefetch(const V8* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, int64_t M,
+                        int64_t K, const unsigned* g_amax, const int* g_bad) {
+  __shared__ __align__(16) uint8_t codes[kTile][kTile];
+  const float scale = scale_of(__uint_as_float(*g_amax), *g_bad != 0);
+  const int64_t tiles_k = K / kTile, tiles = (M / kTile) * tiles_k;
+  V8 cur[kTileVecs], next[kTileVecs];
+  int64_t t = blockIdx.x;
+  if (t < tiles) tile_load(cur, x, ((tiles - 1 - t) / tiles_k) * kTile, ((tiles - 1 - t) % tiles_k) * kTile, K);
+  for (; t < tiles; t += gridDim.x) {
+    const int64_t tile = tiles - 1 - t, nt = t + gridDim.x;
+    if (nt < tiles) tile_load(next, x, ((tiles - 1 - nt) / tiles_k) * kTile, ((tiles - 1 - nt) % tiles_k) * kTile, K);
+    const int64_t m0 = (tile / tiles_k) * kTile, k0 = (tile % tiles_k) * kTile;
+    tile_codes(cur, scale, m0, k0, K, out, codes);
+    __syncthreads();
+    tile_transposed(codes, m0, k0, M, out_t);
+    __syncthreads();  // the staging tile is rewritten by the next iteration
+#pragma unroll
+    for (int i = 0; i < kTileVecs; ++i) cur[i] = next[i];
+  }
+}
+
+// Current scaling in one cooperative launch, one block per SM: block b's tiles are a contiguous range (row strips
+// of tiles); the amax pass reads them two tiles at a time, keeping the first kKeptTiles (32 KB of bf16 each) in
+// shared memory; grid barrier; then the tiles from the last: those not kept from global memory (the last read in
+// L2), the next one's loads in flight, then the kept ones from shared memory.
+constexpr int kKeptTiles = 6;
+__global__ void __launch_bounds__(kTileThreads, 1)
+    pair_fused_smem(const V8* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, int64_t M,
+                    int64_t K, unsigned* g_amax, int* g_bad, unsigned* g_ticket) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t(*codes)[kTile] = reinterpret_cast<uint8_t(*)[kTile]>(smem);
+  V8* kept = reinterpret_cast<V8*>(smem + kTile * kTile);  // [kKeptTiles][kTileVecs][kTileThreads]
+  const int64_t tiles_k = K / kTile, tiles = (M / kTile) * tiles_k;
+  const int64_t per = (tiles + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = min(tiles, int64_t(blockIdx.x) * per), end = min(tiles, begin + per);
+  const int64_t kept_end = min(end, begin + kKeptTiles);
+  float acc = 0.0f;
+  bool bad = false;
+  for (int64_t tile = begin; tile < end; tile += 2) {
+    V8 a[kTileVecs], b[kTileVecs];
+    tile_load(a, x, (tile / tiles_k) * kTile, (tile % tiles_k) * kTile, K);
+    if (tile + 1 < end) tile_load(b, x, ((tile + 1) / tiles_k) * kTile, ((tile + 1) % tiles_k) * kTile, K);
+#pragma unroll
+    for (int i = 0; i < kTileVecs; ++i) {
+      acc8(a[i], acc, bad);
+      if (tile < kept_end) kept[((tile - begin) * kTileVecs + i) * kTileThreads + threadIdx.x] = a[i];
+    }
+    if (tile + 1 < end) {
+#pragma unroll
+      for (int i = 0; i < kTileVecs; ++i) {
+        acc8(b[i], acc, bad);
+        if (tile + 1 < kept_end) kept[((tile + 1 - begin) * kTileVecs + i) * kTileThreads + threadIdx.x] = b[i];
+      }
+    }
+  }
+  reduce_to_global<kTileThreads>(acc, bad, g_amax, g_bad);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(g_ticket, 1u);
+    while (load_acquire(g_ticket) < gridDim.x) __nanosleep(64);
+  }
+  __syncthreads();
+  const float scale =
+      scale_of(__uint_as_float(load_acquire(g_amax)), load_acquire(reinterpret_cast<unsigned*>(g_bad)) != 0);
+  V8 cur[kTileVecs], next[kTileVecs];
+  if (end - 1 >= kept_end) tile_load(cur, x, ((end - 1) / tiles_k) * kTile, ((end - 1) % tiles_k) * kTile, K);
+  for (int64_t tile = end - 1; tile >= begin; --tile) {
+    if (tile >= kept_end) {
+      if (tile - 1 >= kept_end)
+        tile_load(next, x, ((tile - 1) / tiles_k) * kTile, ((tile - 1) % tiles_k) * kTile, K);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kTileVecs; ++i) cur[i] = kept[((tile - begin) * kTileVecs + i) * kTileThreads + threadIdx.x];
+    }
+    const int64_t m0 = (tile / tiles_k) * kTile, k0 = (tile % tiles_k) * kTile;
+    tile_codes(cur, scale, m0, k0, K, out, codes);
+    __syncthreads();
+    tile_transposed(codes, m0, k0, M, out_t);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kTileVecs; ++i) cur[i] = next[i];
+  }
+}
+
 // ---- harness ----
 template <typename F>
 float time_ms(F&& launch, int iters) {
@@ -498,6 +661,78 @@ int main() {
       run_rows(rows_plain<64, 4>, rows_prefetch<64, 4>, 64, 4, 16, "64t x4");
       run_rows(rows_plain<256, 1>, rows_prefetch<256, 1>, 256, 1, 4, "256t x1");
       CHECK(cudaFree(sinv));
+    }
+
+    // pair casts (current tensorwise): expected = the two-pass codes and their transpose
+    if (s[0] % kTile == 0 && s[1] % kTile == 0) {
+      two_pass();
+      CHECK(cudaDeviceSynchronize());
+      CHECK(cudaMemcpy(h_ref.data(), ref, n, cudaMemcpyDeviceToHost));
+      const int64_t M = s[0], K = s[1];
+      std::vector<uint8_t> h_ref_t(n), h_out_t(n);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) h_ref_t[k * M + m] = h_ref[m * K + k];
+      uint8_t* out_t;
+      CHECK(cudaMalloc(&out_t, n));
+      uint8_t* o = reinterpret_cast<uint8_t*>(out);
+      int* bad = reinterpret_cast<int*>(scratch + 1);
+      unsigned* ticket = scratch + 2;
+      const int64_t tiles = (M / kTile) * (K / kTile);
+      auto report_pair = [&](const char* name, float ms) {
+        CHECK(cudaMemcpy(h_out.data(), out, n, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(h_out_t.data(), out_t, n, cudaMemcpyDeviceToHost));
+        const bool ok = std::memcmp(h_out.data(), h_ref.data(), n) == 0 &&
+                        std::memcmp(h_out_t.data(), h_ref_t.data(), n) == 0;
+        const double pair_floor = 4.0 * n / (copy_gbs * 1e6);
+        std::printf("  %-40s %.4f ms %6.0f GB/s %4.0f%% of copy, x one-pass floor %.2f %s\n", name, ms,
+                    4.0 * n / ms / 1e6, 100.0 * pair_floor / ms, ms / pair_floor, ok ? "bit-exact" : "MISMATCH");
+      };
+      CHECK(cudaMemset(out, 0, n));
+      CHECK(cudaMemset(out_t, 0, n));
+      report_pair("pair two-pass (shipped: amax + tiles)", time_ms([&] {
+        CHECK(cudaMemsetAsync(scratch, 0, 16));
+        amax_grid<<<grid, 256>>>(x, nvec, scratch, bad);
+        pair_tiles<<<int(tiles), kTileThreads>>>(x, o, out_t, M, K, scratch, bad);
+      }, 20));
+      {
+        const float ms = time_ms([&] { pair_tiles<<<int(tiles), kTileThreads>>>(x, o, out_t, M, K, scratch, bad); }, 20);
+        std::printf("  %-40s %.4f ms (one pass: %.0f%% of copy)\n", "  tiles pass alone (shipped)", ms,
+                    100.0 * 4.0 * n / (copy_gbs * 1e6) / ms);
+      }
+      int per_sm = 0;
+      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pair_tiles_prefetch, kTileThreads, 0));
+      for (int b : {1, 2}) {
+        if (b > per_sm) continue;
+        const int g = int(std::min<int64_t>(tiles, int64_t(sms) * b));
+        CHECK(cudaMemset(out, 0, n));
+        CHECK(cudaMemset(out_t, 0, n));
+        char name[64];
+        std::snprintf(name, sizeof name, "pair amax + prefetching tiles %d/SM", b);
+        report_pair(name, time_ms([&] {
+          CHECK(cudaMemsetAsync(scratch, 0, 16));
+          amax_grid<<<grid, 256>>>(x, nvec, scratch, bad);
+          pair_tiles_prefetch<<<g, kTileThreads>>>(x, o, out_t, M, K, scratch, bad);
+        }, 20));
+        const float ms =
+            time_ms([&] { pair_tiles_prefetch<<<g, kTileThreads>>>(x, o, out_t, M, K, scratch, bad); }, 20);
+        std::printf("  %-40s %.4f ms (one pass: %.0f%% of copy)\n", "  prefetching tiles pass alone", ms,
+                    100.0 * 4.0 * n / (copy_gbs * 1e6) / ms);
+      }
+      {
+        const int smem = kTile * kTile + kKeptTiles * kTile * kTile * 2;
+        CHECK(cudaFuncSetAttribute(pair_fused_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        int fused_per_sm = 0;
+        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fused_per_sm, pair_fused_smem, kTileThreads, smem));
+        const int g = int(std::min<int64_t>(tiles, int64_t(sms) * std::min(fused_per_sm, 1)));
+        void* args[] = {&x, &o, &out_t, const_cast<int64_t*>(&M), const_cast<int64_t*>(&K), &scratch, &bad, &ticket};
+        CHECK(cudaMemset(out, 0, n));
+        CHECK(cudaMemset(out_t, 0, n));
+        report_pair("pair fused-smem (one cooperative launch)", time_ms([&] {
+          CHECK(cudaMemsetAsync(scratch, 0, 16));
+          CHECK(cudaLaunchCooperativeKernel((void*)pair_fused_smem, g, kTileThreads, args, smem, 0));
+        }, 20));
+      }
+      CHECK(cudaFree(out_t));
     }
     // The cooperative launch captured in a CUDA graph (as capture_step would): supported, and as fast?
     two_pass();
