@@ -9,7 +9,6 @@ default on CPU tensors). Empty tensors take the reference on any (nothing for a 
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -96,7 +95,7 @@ def _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, b
 
 def _native(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch=None):
     """The CUDA casts (``ampkernels::to_float8_native``): (data or empty, data_t or empty, scale_inv)."""
-    return _native_op()(
+    return dispatch.float8_cast_op().default(
         x,
         dtype,
         per_row,
@@ -107,12 +106,6 @@ def _native(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, 
         None if found_inf is None else found_inf.view(-1),
         amax_scratch,
     )
-
-
-@functools.cache
-def _native_op():
-    # NOTE: the overload itself: resolving torch.ops.ampkernels.<name> on every call costs host time per cast.
-    return dispatch.float8_cast_op().default
 
 
 def _launch(x, dtype, granularity, scale, amax_out, transpose, found_inf, backend):
