@@ -299,6 +299,50 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 
+
+// A warp per row (the shipped design for rows of up to 2048 bf16: 8 warps per block, grid-stride over rows, 3
+// blocks per SM), R vectors per lane; kPrefetch: the warp's next row loaded before this row's reduction (2 blocks
+// per SM).
+template <int R, bool kPrefetch>
+__global__ void __launch_bounds__(256, kPrefetch ? 2 : 3)  // prefetching: 2 per SM, 3 spill (85 registers)
+    rows_warp(const V8* __restrict__ x, uint2* __restrict__ out, float* scale_inv, int64_t M) {
+  const int lane = threadIdx.x % 32;
+  const int64_t vpr = 32 * R;
+  const int64_t stride = int64_t(gridDim.x) * 8;
+  int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  V8 cur[R], next[R];
+  if (kPrefetch && row < M) {
+#pragma unroll
+    for (int j = 0; j < R; ++j) cur[j] = x[row * vpr + j * 32 + lane];
+  }
+  for (; row < M; row += stride) {
+    if (kPrefetch) {
+      if (row + stride < M) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) next[j] = x[(row + stride) * vpr + j * 32 + lane];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < R; ++j) cur[j] = x[row * vpr + j * 32 + lane];
+    }
+    float acc = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int j = 0; j < R; ++j) acc8(cur[j], acc, bad);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc = fmaxf(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    bad = __any_sync(0xffffffffu, bad);
+    const float scale = scale_of(acc, bad);
+    if (lane == 0) scale_inv[row] = __frcp_rn(scale);
+#pragma unroll
+    for (int j = 0; j < R; ++j) out[row * vpr + j * 32 + lane] = cast8(cur[j], scale);
+    if (kPrefetch) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) cur[j] = next[j];
+    }
+  }
+}
+
 // ---- pair casts (both layouts, current tensorwise scaling) of an [M, K] matrix, M and K multiples of 128 ----
 // The shipped tile (csrc/float8/casts.cu, cast_tiles_kernel): 128 x 128, 256 threads, thread t owns column vector
 // t % 16 of rows t / 16 + 16 i (8 vectors); codes written as [M, K] from registers and as [K, M] through a
@@ -660,6 +704,16 @@ int main() {
       run_rows(rows_plain<128, 2>, rows_prefetch<128, 2>, 128, 2, 8, "128t x2");
       run_rows(rows_plain<64, 4>, rows_prefetch<64, 4>, 64, 4, 16, "64t x4");
       run_rows(rows_plain<256, 1>, rows_prefetch<256, 1>, 256, 1, 4, "256t x1");
+      if (vpr == 32 * 8) {  // the shipped warp per row, and the same with the next row prefetched
+        const int g = int(std::min<int64_t>((M + 7) / 8, int64_t(sms) * 3));
+        CHECK(cudaMemset(out, 0, n));
+        report("rows warp/row (shipped), 3/SM", time_ms([&] { rows_warp<8, false><<<g, 256>>>(x, out, sinv, M); }, 20),
+               true);
+        const int g2 = int(std::min<int64_t>((M + 7) / 8, int64_t(sms) * 2));
+        CHECK(cudaMemset(out, 0, n));
+        report("rows warp/row prefetch, 2/SM", time_ms([&] { rows_warp<8, true><<<g2, 256>>>(x, out, sinv, M); }, 20),
+               true);
+      }
       CHECK(cudaFree(sinv));
     }
 
