@@ -194,6 +194,17 @@ def test_long_rows_walk_the_row_in_blocks(delayed, backend):
     _check("row", _data((3, 20000), torch.float16, seed=4), torch.float8_e5m2, delayed, backend=backend)
 
 
+@pytest.mark.skipif(DEV != "cuda", reason="the limit is the GPU's grid (the interpreter has none)")
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("path", ["tensor", "row_t"])
+def test_strided_rows_longer_than_a_grid_dimension(path, backend):
+    """A strided x (x.T of a [K, 2] tensor: its rows do not vectorize) with K = 8.4M: the amax pass over its columns
+    takes more column blocks (native 262,500 of 32 elements, Triton 65,625 of 128) than a grid's second dimension's
+    65,535; per tensor and per column of x (the rowwise cast of x.T)."""
+    x = _data((8_400_000, 2), torch.bfloat16, seed=9).t()
+    _check(path, x, torch.float8_e4m3fn, backend=backend)
+
+
 @pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 @pytest.mark.parametrize("path", list(PATHS))

@@ -113,7 +113,7 @@ def _amax_tensor(x: torch.Tensor, scratch: _Scratch) -> None:
 
 def _amax_tiles(x: torch.Tensor, scratch: _Scratch, per_column: bool) -> None:
     M, K = x.shape
-    grid = (_cdiv(M, AMAX_ROWS_PER_PROGRAM), _cdiv(K, AMAX_TILE_K))
+    grid = (_cdiv(M, AMAX_ROWS_PER_PROGRAM) * _cdiv(K, AMAX_TILE_K),)
     _amax_tiles_kernel[grid](
         x,
         M,

@@ -151,9 +151,12 @@ def _amax_tiles_kernel(
     BM: tl.constexpr,
     BK: tl.constexpr,
 ):
-    """Grid (row strips of ROWS_PER_PROGRAM, column blocks of BK); per column the scratch is [K] amax, [K] flags."""
-    pid_m = tl.program_id(0).to(tl.int64)
-    offs_k = tl.program_id(1) * BK + tl.arange(0, BK)
+    """One program per (row strip of ROWS_PER_PROGRAM, column block of BK), strips first, on a 1-d grid (a second
+    grid dimension stops at 65535 programs); per column the scratch is [K] amax, [K] flags."""
+    strips = tl.cdiv(M, ROWS_PER_PROGRAM)
+    pid = tl.program_id(0)
+    pid_m = (pid % strips).to(tl.int64)
+    offs_k = (pid // strips) * BK + tl.arange(0, BK)
     mask_k = offs_k < K
     acc = tl.zeros([BM, BK], tl.float32)
     bad = tl.zeros([BM, BK], tl.int32)

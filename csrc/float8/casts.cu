@@ -227,8 +227,9 @@ __global__ void __launch_bounds__(kThreads)
   reduce_into_scratch(acc, bad, scratch_amax, scratch_bad);
 }
 
-// Grid (row strips of `rows_per_block`, column blocks of 32 * VEC): each warp reads whole 32-vector row segments
-// (coalesced), the 8 warps of a block take every 8th row of the strip.
+// Grid (column blocks of 32 * VEC, row strips of `rows_per_block`): each warp reads whole 32-vector row segments
+// (coalesced), the 8 warps of a block take every 8th row of the strip. The column blocks go on x, which takes up to
+// 2^31 - 1 blocks: K past 65535 * 32 * VEC (a strided row of 2.1M elements) would not fit on y.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     amax_columns_kernel(const T* __restrict__ x, int64_t M, int64_t K, int64_t stride_m, int64_t stride_k,
@@ -237,8 +238,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float s_acc[kWarps][32 * VEC];
   __shared__ int s_bad[kWarps][32 * VEC];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t c0 = (int64_t(blockIdx.y) * 32 + lane) * VEC;
-  const int64_t strip_end = (int64_t(blockIdx.x) + 1) * rows_per_block;
+  const int64_t c0 = (int64_t(blockIdx.x) * 32 + lane) * VEC;
+  const int64_t strip_end = (int64_t(blockIdx.y) + 1) * rows_per_block;
   const int64_t m_end = strip_end < M ? strip_end : M;
   float acc[VEC];
   bool bad[VEC];
@@ -246,7 +247,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = 0; e < VEC; ++e) acc[e] = 0.0f, bad[e] = false;
   if (c0 < K) {
 #pragma unroll 4
-    for (int64_t m = int64_t(blockIdx.x) * rows_per_block + warp; m < m_end; m += kWarps) {
+    for (int64_t m = int64_t(blockIdx.y) * rows_per_block + warp; m < m_end; m += kWarps) {
       const Vec<T, VEC> r = load_vec<VEC>(x + m * stride_m, c0, stride_k);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r.v[e]), acc[e], bad[e]);
@@ -264,7 +265,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = 0; e < VEC; ++e) s_acc[warp][lane * VEC + e] = acc[e], s_bad[warp][lane * VEC + e] = bad[e];
   __syncthreads();
   for (int c = threadIdx.x; c < 32 * VEC; c += kThreads) {
-    const int64_t col = int64_t(blockIdx.y) * 32 * VEC + c;
+    const int64_t col = int64_t(blockIdx.x) * 32 * VEC + c;
     if (col >= K) continue;
     float a = 0.0f;
     int b = 0;
@@ -638,8 +639,8 @@ void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::
       const int64_t column_blocks = (K + 32 * VEC - 1) / (32 * VEC);
       const int64_t strips = std::max<int64_t>(1, std::min(M, resident / column_blocks));
       const int64_t rows_per_block = (M + strips - 1) / strips;
-      const dim3 grid(static_cast<unsigned>((M + rows_per_block - 1) / rows_per_block),
-                      static_cast<unsigned>(column_blocks));
+      const dim3 grid(static_cast<unsigned>(column_blocks),  // strips <= resident blocks: y's 65535 is ample
+                      static_cast<unsigned>((M + rows_per_block - 1) / rows_per_block));
       amax_columns_kernel<T, VEC><<<grid, kThreads, 0, stream>>>(xp, M, K, stride_m, stride_k, rows_per_block,
                                                                  s.scratch_amax, s.scratch_bad, per_column);
     }
