@@ -8,6 +8,8 @@
 #   jobs: default (python -m benchmarks), precision (--only precision), full (--full), a module name
 #   (grad_scaler, optimizers, training, scaled_matmul, float8: --only NAME), or full-NAME (--only NAME --full). No job named: default:200 precision:140.
 #   TEST_LIMIT_S 0: no tests. TESTS="tests/test_a.py tests/test_b.py" runs only those test files (default: tests/).
+#   CUDA_PROBES="dev/float8/cast_bench.cu ...": standalone CUDA probes compiled and run first (no build needed), each
+#   under 240 s; output to $OUT/<name>.txt.
 # NOTE (H200): the build takes ~75 s and the GPU tests ~170 s; the default run is estimated at ~160 s and the
 # precision table at ~60 s from the per-module times of the complete sweep. With the default limits (170 + 200 + 140
 # s) build, tests and both runs stay under 10 minutes; results.tgz is rewritten after every job, so that a run cut
@@ -23,6 +25,15 @@ jobs=("$@")
 # Optional extras of the benchmarks (torchao) travel as wheels in .device-wheels/ (the machine has no internet).
 for wheel in .device-wheels/*.whl; do
   [ -e "$wheel" ] && python3 -m pip install -q --no-deps "$wheel" > "$OUT/wheels.log" 2>&1
+done
+for probe in ${CUDA_PROBES:-}; do
+  name=$(basename "$probe" .cu)
+  start=$(date +%s)
+  "$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")" -O3 -std=c++17 -arch=native "$probe" \
+    -o "/tmp/$name" > "$OUT/$name.txt" 2>&1 \
+    && timeout 240 "/tmp/$name" >> "$OUT/$name.txt" 2>&1
+  echo "probe $probe: exit $? in $(( $(date +%s) - start )) s"
+  tail -n 80 "$OUT/$name.txt"
 done
 SKIP_TESTS=1 SKIP_BENCH=1 bash scripts/device_run.sh || exit 1
 : > "$OUT/times.txt"
