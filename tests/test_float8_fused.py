@@ -274,6 +274,30 @@ def test_float8_linear_after_a_producer_skips_its_amax_pass_bit_for_bit(producer
     assert a.grad is not None and torch.isfinite(a.grad).all()
 
 
+@needs_triton
+@pytest.mark.parametrize("producer", ["rms_norm", "silu_mul"])
+def test_producer_to_float8_linear_under_inference_mode(producer):
+    """Under torch.inference_mode the producer's output is an inference tensor, which has no version counter: it is
+    not matched to a recorded amax (an in-place change would go unseen), and the layer computes what it computes on
+    the same values under no_grad."""
+    torch.manual_seed(0)
+    layer = Float8Linear(96, 48, device=DEV)
+    gen = torch.Generator().manual_seed(3)
+    a = (torch.randn(2, 32, 96, generator=gen) * 3).to(DEV)
+    b = torch.randn(2, 32, 96, generator=gen).to(DEV)
+
+    def forward():
+        h = rms_norm(a, b[0, 0]) if producer == "rms_norm" else silu_mul(a, b)
+        return h, layer(h)
+
+    with torch.inference_mode():
+        h, out = forward()
+        assert h.is_inference() and fused_module.produced_amax(h) is None
+    with torch.no_grad():
+        _, expected = forward()
+    assert torch.equal(out, expected)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Errors, ops, torch.compile, the model
 # --------------------------------------------------------------------------------------------------------------------

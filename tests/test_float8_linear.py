@@ -134,6 +134,30 @@ def test_output_is_a_view_only_where_linear_s_is(recipe, device):
         out.sum().backward()
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_inference_mode_computes_what_no_grad_computes(recipe, device):
+    """Tensors made under torch.inference_mode have no version counter: the input-cast reuse between layers skips
+    them (it could not see an in-place change) instead of failing. Two layers read one input (q/k/v-style), a third
+    reads an output."""
+    torch.manual_seed(0)
+    layers = [Float8Linear.from_linear(nn.Linear(96, 96, device=device), recipe) for _ in range(3)]
+    twins = copy.deepcopy(layers)  # (delayed scaling's history moves with every call)
+    data = torch.randn(2, 16, 96, device=device)
+
+    def forward(layers, x):
+        a, b = layers[0](x), layers[1](x)
+        return a, b, layers[2](a)
+
+    with torch.inference_mode():
+        x = data.clone()
+        got = forward(layers, x)
+        assert x.is_inference() and all(out.is_inference() for out in got)
+    with torch.no_grad():
+        want = forward(twins, data)
+    for out, ref in zip(got, want, strict=True):
+        assert torch.equal(out, ref)
+
+
 def test_unaligned_or_float64_inputs_compute_what_linear_does():
     plain, layer = _layer("tensorwise")
     for x in (torch.randn(5, 96), torch.randn(3, 7, 96), torch.randn(16, 96, dtype=torch.float64)):

@@ -54,16 +54,20 @@ def _check_float(fn: str, name: str, t) -> None:
 class _ProducedAmax:
     """Tensor -> the int32 [3] scratch of a tensorwise cast (finite amax bits, non-finite flag, ticket) its producer
     filled. Matched by the tensor object (a weak reference: nothing is kept alive) and its version counter (a tensor
-    changed in place is not matched)."""
+    changed in place is not matched); inference tensors (torch.inference_mode) have none and are never matched."""
 
     def __init__(self) -> None:
         self.entries: dict[int, tuple] = {}
 
     def put(self, t: torch.Tensor, scratch: torch.Tensor) -> None:
+        if t.is_inference():
+            return
         key = id(t)
         self.entries[key] = (weakref.ref(t, lambda ref, key=key: self._forget(key, ref)), t._version, scratch)
 
     def get(self, t: torch.Tensor) -> torch.Tensor | None:
+        if t.is_inference():
+            return None
         entry = self.entries.get(id(t))
         if entry is None or entry[0]() is not t or entry[1] != t._version:
             return None

@@ -114,7 +114,8 @@ class _InputCasts:
     entry is used only in the capture it was made in (or outside any, if made outside), since a graph that read an
     eager call's casts would replay reads of memory it does not own (and a later graph's casts that of an earlier
     graph's pool). A capture is told apart from the next by the calls between them that ran outside a capture.
-    Not used while torch.compile traces: its graph removes the repeated casts itself."""
+    Not used while torch.compile traces (its graph removes the repeated casts itself), nor for inference tensors
+    (torch.inference_mode), which have no version counter to tell an in-place change by."""
 
     def __init__(self) -> None:
         self.ref = self.casts = self.key = None
@@ -131,7 +132,7 @@ class _InputCasts:
         return self.captures if capturing else 0
 
     def get(self, x: torch.Tensor, key: tuple):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or x.is_inference():
             return None
         capture = self._capture(x)
         if self.ref is None or self.ref() is not x:
@@ -139,7 +140,7 @@ class _InputCasts:
         return self.casts if (self.key, self.version, self.capture) == (key, x._version, capture) else None
 
     def put(self, x: torch.Tensor, key: tuple, casts: tuple) -> tuple:
-        if not torch.compiler.is_compiling():
+        if not (torch.compiler.is_compiling() or x.is_inference()):
             self.ref, self.key, self.version, self.casts = weakref.ref(x, self._forget), key, x._version, casts
             self.capture = self._capture(x)
         return casts
