@@ -44,6 +44,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ampkernels.float8.convert import initialize_deferred_state
+
 HOST_SYNC_HINT = (
     "something in the step waits for the host: .item(), float(tensor), printing a tensor, a data-dependent shape, "
     "torch.amp.GradScaler.step with an ordinary optimizer, or clip_grad_norm_(error_if_nonfinite=True). Use "
@@ -106,7 +108,8 @@ class StateSnapshot:
     generators' states. State that did not exist when the snapshot was taken (what an optimizer or a scaler creates
     on its first step) is reset to what a fresh one starts from: zeros (step counts 0), ampkernels' ``master_param``
     the parameter's value, a scaler's scale its ``init_scale``. It stays allocated, so that what was captured over
-    it keeps its addresses.
+    it keeps its addresses. Delayed FP8 scaling state that a model made on the meta device has not initialized yet
+    (``ampkernels.float8``: it does so at its first use) is initialized before the copy.
 
     Costs one copy of every saved tensor that exists when the snapshot is taken, on its device: for a fresh
     optimizer, the parameters, buffers and existing gradients; for a resumed one, its state as well.
@@ -118,6 +121,7 @@ class StateSnapshot:
         self.scalers = _as_list(scalers, torch.amp.GradScaler, "scalers")
         tensors: dict[int, torch.Tensor] = {}
         for model in self.models:
+            initialize_deferred_state(model)  # (else the copy would keep a deferred model's uninitialized memory)
             for t in (*model.parameters(), *model.buffers()):
                 tensors.setdefault(id(t), t)
         for opt in self.optimizers:

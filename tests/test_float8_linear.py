@@ -238,6 +238,54 @@ def test_delayed_state_moves_with_the_model_and_copies():
     assert repr(model.float8_scaling).startswith("Float8DelayedScaling(layers=2")
 
 
+@pytest.mark.parametrize("first", ["train", "eval"])
+def test_delayed_state_of_a_model_made_on_the_meta_device(first, device):
+    """FSDP2's deferred initialization: made and converted on the meta device, materialized with ``to_empty`` (whose
+    memory is uninitialized: NaN here), weights loaded. The delayed scaling state, which no weight initialization
+    touches, takes its initial values before its first use (a layer's forward, the model's scale update): every
+    step, in eval mode (no updates) or training mode, equals that of the model made directly on the device."""
+    torch.manual_seed(0)
+    eager = convert_to_float8(_TwoLayers().to(device), "delayed", min_features=0)
+    with torch.device("meta"):
+        deferred = convert_to_float8(_TwoLayers(), "delayed", min_features=0)
+    deferred.to_empty(device=device)
+    for buffer in deferred.buffers():
+        buffer.fill_(float("nan"))
+    deferred.load_state_dict(eager.state_dict())
+    gen = torch.Generator().manual_seed(1)
+    for mode in (first, first, "train", "train"):
+        for model in (eager, deferred):
+            model.train(mode == "train")
+        x = torch.randn(16, 64, generator=gen).to(device)
+        got, want = deferred(x), eager(x)
+        assert torch.equal(got, want)
+        if mode == "train":
+            got.sum().backward()
+            want.sum().backward()
+    for (name, got), (_, want) in zip(deferred.named_buffers(), eager.named_buffers(), strict=True):
+        assert torch.equal(got, want), name
+
+
+def test_state_snapshot_initializes_a_deferred_models_delayed_state():
+    """ampkernels.capture_step copies the model's state before its warm-up and writes it back after: the copy of a
+    deferred model's delayed-scaling state must hold the initial values, not the uninitialized memory the warm-up
+    would have replaced (and the restore brought back)."""
+    from ampkernels.cuda_graph import snapshot_state
+
+    torch.manual_seed(0)
+    eager = convert_to_float8(_TwoLayers(), "delayed", min_features=0)
+    with torch.device("meta"):
+        deferred = convert_to_float8(_TwoLayers(), "delayed", min_features=0)
+    deferred.to_empty(device="cpu")
+    for buffer in deferred.buffers():
+        buffer.fill_(float("nan"))
+    snapshot = snapshot_state(models=deferred)
+    deferred(torch.randn(16, 64)).sum().backward()  # a step: the update and the layers' records move the state
+    snapshot.restore()
+    for (name, got), (_, want) in zip(deferred.named_buffers(), eager.named_buffers(), strict=True):
+        assert torch.equal(got, want), name
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The module swap
 # --------------------------------------------------------------------------------------------------------------------
@@ -382,11 +430,23 @@ def test_inductor_compiled_layers_on_cuda_match_eager(recipe):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("deferred", [False, True], ids=["built", "deferred"])
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_captured_step_replays_the_eager_run(recipe):
-    def build():
+def test_captured_step_replays_the_eager_run(recipe, deferred):
+    """deferred: the captured model was made on the meta device and materialized by to_empty (uninitialized memory:
+    NaN here), then loaded; its delayed-scaling state gets its initial values before the capture's snapshot."""
+
+    def build(deferred=False):
         torch.manual_seed(0)
         model = convert_to_float8(_TwoLayers().cuda(), recipe, min_features=0)
+        if deferred:
+            with torch.device("meta"):
+                empty = convert_to_float8(_TwoLayers(), recipe, min_features=0)
+            empty.to_empty(device="cuda")
+            for buffer in empty.buffers():
+                buffer.fill_(float("nan"))
+            empty.load_state_dict(model.state_dict())
+            model = empty
         opt = FusedAdamW(model.parameters(), lr=torch.tensor(1e-2, device="cuda"))
         return model, opt, FusedGradScaler("cuda", init_scale=2.0**8)
 
@@ -407,7 +467,7 @@ def test_captured_step_replays_the_eager_run(recipe):
     eager_model, eager_opt, eager_scaler = build()
     eager = step_fn(eager_model, eager_opt, eager_scaler)
     eager_losses = [float(eager(x)) for x in batches]
-    model, opt, scaler = build()
+    model, opt, scaler = build(deferred)
     graphed = capture_step(step_fn(model, opt, scaler), batches[0], models=model, optimizers=opt, scalers=scaler)
     losses = [float(graphed(x)) for x in batches]
     assert losses == pytest.approx(eager_losses, rel=1e-5)

@@ -85,6 +85,19 @@ def convert_to_float8(
     return root
 
 
+def initialize_deferred_state(model: nn.Module) -> None:
+    """Writes now, instead of at its first use, the initial values of every delayed-scaling buffer of ``model`` that
+    still lacks them: buffers made on the meta device and materialized by ``to_empty`` (FSDP2's deferred
+    initialization) hold uninitialized memory until then. For code that copies a model's state before it runs a
+    step, as :func:`ampkernels.capture_step` does to restore it after the warm-up."""
+    for module in model.modules():
+        if isinstance(module, Float8Linear) and module.recipe.name == "delayed":
+            module._ensure_float8_state()
+        scaling = getattr(module, DELAYED_STATE_NAME, None)
+        if isinstance(scaling, Float8DelayedScaling):
+            scaling._ensure_state()
+
+
 def _update_delayed_scales(module: nn.Module, args) -> None:
     import torch
 

@@ -327,6 +327,25 @@ class Float8Linear(nn.Linear):
             device = self.weight.device
             self.register_buffer("float8_scale", torch.ones(3, device=device), persistent=False)
             self.register_buffer("float8_amax", torch.zeros(3, device=device), persistent=False)
+            self._float8_state_ready = device.type != "meta"
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s initialization, and for ``"delayed"`` the initial scales (1) and recorded amaxes (0)."""
+        super().reset_parameters()
+        if getattr(self, "float8_scale", None) is not None:  # (nn.Linear.__init__ calls this before they exist)
+            self._float8_state_ready = False
+            self._ensure_float8_state()
+
+    def _ensure_float8_state(self) -> None:
+        """Writes the delayed scaling buffers' initial values once they are on a real device. A layer made on the
+        meta device and materialized with ``to_empty`` (FSDP2's deferred initialization) has uninitialized memory
+        there, which no weight-initialization routine touches: without this its first scales would be garbage."""
+        if self._float8_state_ready or self.float8_scale.is_meta:
+            return
+        with torch.no_grad():
+            self.float8_scale.fill_(1.0)
+            self.float8_amax.zero_()
+        self._float8_state_ready = True
 
     @classmethod
     def from_linear(
@@ -345,6 +364,7 @@ class Float8Linear(nn.Linear):
         if new.recipe.name == "delayed":
             new.float8_scale = torch.ones(3, device=linear.weight.device)
             new.float8_amax = torch.zeros(3, device=linear.weight.device)
+            new._float8_state_ready = linear.weight.device.type != "meta"
         new.train(linear.training)
         return new
 
@@ -363,6 +383,7 @@ class Float8Linear(nn.Linear):
         if self.recipe.name == "rowwise":
             return _RowwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype)
         if self.recipe.name == "delayed":
+            self._ensure_float8_state()
             scale, amax = self.float8_scale, self.float8_amax
             return _TensorwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, scale, amax)
         return _TensorwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, None, None)
@@ -410,12 +431,28 @@ class Float8DelayedScaling:
         device = layers[0].weight.device
         history = torch.zeros(len(layers), 3, recipe.amax_history_len, device=device)
         owner.register_buffer(self.HISTORY, history, persistent=False)
-        limits = [float8_max(recipe.forward_dtype)] * 2 + [float8_max(recipe.backward_dtype)]  # per site
-        owner.register_buffer(self.LIMITS, torch.tensor(limits, device=device), persistent=False)
+        self._limits = [float8_max(recipe.forward_dtype)] * 2 + [float8_max(recipe.backward_dtype)]  # per site
+        owner.register_buffer(self.LIMITS, torch.tensor(self._limits, device=device), persistent=False)
+        self._ready = device.type != "meta"
+
+    @torch.no_grad()
+    def _ensure_state(self) -> None:
+        """As Float8Linear._ensure_float8_state, for the history and the limits: a model made on the meta device
+        gets their initial values (fills: capturable) at its first update on a real device."""
+        history, limits = getattr(self.owner, self.HISTORY), getattr(self.owner, self.LIMITS)
+        if self._ready or history.is_meta:
+            return
+        history.zero_()
+        for site, limit in enumerate(self._limits):
+            limits[site].fill_(limit)
+        for layer in self.layers:
+            layer._ensure_float8_state()
+        self._ready = True
 
     @torch.no_grad()
     def update(self) -> None:
         """Moves the recorded amaxes into the history and sets every layer's next scales (see the class)."""
+        self._ensure_state()
         scales = [layer.float8_scale for layer in self.layers]
         amaxes = [layer.float8_amax for layer in self.layers]
         history = getattr(self.owner, self.HISTORY)
