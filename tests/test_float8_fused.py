@@ -348,6 +348,19 @@ def test_compiled_calls_match_eager():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
+def test_rms_norm_module_deferred_initialization():
+    """Made on the meta device, materialized by to_empty (uninitialized: NaN here), reset_parameters gives the ones a
+    directly built module starts with, as torch.nn.RMSNorm's does."""
+    with torch.device("meta"):
+        norm = RMSNorm(96, eps=1e-6)
+    norm.to_empty(device=DEV)
+    norm.weight.data.fill_(float("nan"))
+    norm.reset_parameters()
+    assert torch.equal(norm.weight, RMSNorm(96, device=DEV).weight)
+    x = torch.randn(4, 96, device=DEV)
+    assert torch.equal(norm(x), RMSNorm(96, eps=1e-6, device=DEV)(x))
+
+
 def test_fused_llama_stack_has_the_plain_state_dict_and_values():
     from benchmarks.models import tiny_llama
 

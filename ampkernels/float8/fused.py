@@ -242,6 +242,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
+    def reset_parameters(self) -> None:
+        """The weight back to ones, as ``torch.nn.RMSNorm``'s (deferred initialization calls it after ``to_empty``)."""
+        nn.init.ones_(self.weight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
