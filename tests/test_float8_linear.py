@@ -266,6 +266,28 @@ def test_delayed_state_of_a_model_made_on_the_meta_device(first, device):
         assert torch.equal(got, want), name
 
 
+@pytest.mark.parametrize("to", ["bfloat16", "half"])
+def test_delayed_state_stays_float32_under_a_dtype_conversion(to, device):
+    """``model.to(torch.bfloat16)`` (or ``.half()``) after the conversion converts every floating buffer: the scaling
+    state comes back float32 and the steps equal, bit for bit, those of the model converted the other way round
+    (dtype first, then convert_to_float8, whose state was float32 all along)."""
+    dtype = getattr(torch, to if to != "half" else "float16")
+    torch.manual_seed(0)
+    plain = _TwoLayers().to(device)
+    first = convert_to_float8(copy.deepcopy(plain).to(dtype), "delayed", min_features=0)
+    later = convert_to_float8(copy.deepcopy(plain), "delayed", min_features=0)
+    later = later.to(dtype) if to == "bfloat16" else later.half()
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(16, 64, generator=gen).to(device, dtype)
+        got, want = later(x), first(x)
+        assert torch.equal(got, want)
+        got.float().sum().backward()
+        want.float().sum().backward()
+    for (name, got), (_, want) in zip(later.named_buffers(), first.named_buffers(), strict=True):
+        assert got.dtype == torch.float32 and torch.equal(got, want), name
+
+
 def test_state_snapshot_initializes_a_deferred_models_delayed_state():
     """ampkernels.capture_step copies the model's state before its warm-up and writes it back after: the copy of a
     deferred model's delayed-scaling state must hold the initial values, not the uninitialized memory the warm-up

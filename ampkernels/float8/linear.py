@@ -347,6 +347,17 @@ class Float8Linear(nn.Linear):
             self.float8_amax.zero_()
         self._float8_state_ready = True
 
+    def _apply(self, fn, recurse=True):
+        # model.to(torch.bfloat16) / .half() convert every floating buffer: the delayed scaling state stays float32
+        # (the casts take float32 scales), moved to the new device with its values, not converted.
+        state = {name: self._buffers.get(name) for name in ("float8_scale", "float8_amax")}
+        super()._apply(fn, recurse)
+        for name, old in state.items():
+            new = self._buffers.get(name)
+            if old is not None and new is not None and new.dtype != old.dtype:
+                self._buffers[name] = old.to(device=new.device)
+        return self
+
     @classmethod
     def from_linear(
         cls, linear: nn.Linear, recipe: str | Float8Recipe = "tensorwise", *, fsdp_float8_all_gather: bool = False
@@ -438,16 +449,28 @@ class Float8DelayedScaling:
     @torch.no_grad()
     def _ensure_state(self) -> None:
         """As Float8Linear._ensure_float8_state, for the history and the limits: a model made on the meta device
-        gets their initial values (fills: capturable) at its first update on a real device."""
+        gets their initial values (fills: capturable) at its first update on a real device. They are buffers of the
+        model, which ``model.to(torch.bfloat16)`` converts: they are made float32 again here (the limits exactly;
+        a history recorded before the conversion keeps its rounded values)."""
         history, limits = getattr(self.owner, self.HISTORY), getattr(self.owner, self.LIMITS)
-        if self._ready or history.is_meta:
+        if history.is_meta:
             return
-        history.zero_()
-        for site, limit in enumerate(self._limits):
-            limits[site].fill_(limit)
+        if history.dtype != torch.float32 or limits.dtype != torch.float32:
+            self.owner.register_buffer(self.HISTORY, history.float(), persistent=False)
+            self.owner.register_buffer(self.LIMITS, torch.empty(3, device=history.device), persistent=False)
+            self._fill_limits()
+        if self._ready:
+            return
+        getattr(self.owner, self.HISTORY).zero_()
+        self._fill_limits()
         for layer in self.layers:
             layer._ensure_float8_state()
         self._ready = True
+
+    def _fill_limits(self) -> None:
+        limits = getattr(self.owner, self.LIMITS)
+        for site, limit in enumerate(self._limits):
+            limits[site].fill_(limit)
 
     @torch.no_grad()
     def update(self) -> None:
