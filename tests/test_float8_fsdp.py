@@ -327,6 +327,44 @@ def test_fsdp_float8_all_gather_options():
     model.load_state_dict(_Net().state_dict())
 
 
+class _TiedLM(nn.Module):
+    """An embedding and an output layer sharing one weight, a layer between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(256, 64)
+        self.mid = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 256, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.nn.functional.silu(self.mid(self.emb(tokens))))
+
+
+def test_tied_weights_stay_one_parameter():
+    """A tied weight is left out of the FP8 all-gather (with a warning naming the layer): it stays the one Parameter
+    both modules hold, so an optimizer steps it once, and training equals that of the model converted without the
+    option, bit for bit."""
+    torch.manual_seed(0)
+    plain = _TiedLM()
+    gathered, reference = copy.deepcopy(plain), copy.deepcopy(plain)
+    with pytest.warns(UserWarning, match=r"leaves out \['head'\].*tied"):
+        convert_to_float8(gathered, "tensorwise", min_features=0, fsdp_float8_all_gather=True)
+    convert_to_float8(reference, "tensorwise", min_features=0)
+    assert gathered.head.weight is gathered.emb.weight and type(gathered.head.weight) is nn.Parameter
+    assert isinstance(gathered.head, Float8Linear) and isinstance(gathered.mid.weight, Float8AllGatherWeight)
+    assert len(list(gathered.parameters())) == len(list(plain.parameters())) == 3
+    optimizers = [FusedAdamW(m.parameters(), lr=1e-2) for m in (gathered, reference)]
+    tokens = torch.randint(256, (4, 16), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        for model, opt in zip((gathered, reference), optimizers, strict=True):
+            opt.zero_grad(set_to_none=True)
+            model(tokens).float().square().mean().backward()
+            opt.step()
+    for (name, p), q in zip(gathered.named_parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
 def test_layers_with_either_weight_compile_as_they_run_eagerly():
     """torch.compile (aot_eager, fullgraph) of a layer whose weight is the FSDP2 wrapper (as before fully_shard or
     without it) or the gathered codes (as inside an FSDP2 forward): the eager results, bit for bit."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
 from collections.abc import Callable
 
 from torch import nn
@@ -40,7 +42,8 @@ def convert_to_float8(
             converted layers' weights as FP8 codes, cast with the scale of the global amax (half the bytes of bf16
             weights); call :func:`ampkernels.float8.precompute_float8_scales` after each optimizer step to take
             every layer's amax in one all-reduce. Their weights become new Parameters around the same storage:
-            build the optimizer after the conversion.
+            build the optimizer after the conversion. A weight shared with another module (tied embeddings) is left
+            out of it, with a warning: it stays the one Parameter both modules hold.
 
     Parameters, their ``requires_grad``, and the ``state_dict`` (keys and values) are unchanged, so a converted
     model's checkpoint loads into the plain model and back; optimizers built before the call keep working. For
@@ -70,13 +73,27 @@ def convert_to_float8(
     else:
         root = model
         converted = []
+        # A weight shared with another module (tied embeddings) keeps its plain Parameter: the wrapper would be a
+        # second Parameter over the same storage (stepped twice per step) or, put in both modules, hand the other
+        # one the FP8 codes FSDP2 gathers.
+        uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+        untied = []
         for name, module in list(model.named_modules()):
             if not wanted(module, name):
                 continue
+            gather = fsdp_float8_all_gather and uses[id(module.weight)] == 1
+            if fsdp_float8_all_gather and not gather:
+                untied.append(name)
             parent_name, _, child = name.rpartition(".")
-            new = Float8Linear.from_linear(module, recipe, fsdp_float8_all_gather=fsdp_float8_all_gather)
+            new = Float8Linear.from_linear(module, recipe, fsdp_float8_all_gather=gather)
             setattr(model.get_submodule(parent_name), child, new)
             converted.append(new)
+        if untied:
+            warnings.warn(
+                f"convert_to_float8: fsdp_float8_all_gather leaves out {untied}: their weights are shared with other "
+                "modules (tied), so FSDP2 all-gathers them in their own dtype; they still compute in FP8",
+                stacklevel=2,
+            )
     if recipe.name == "delayed" and converted:
         if hasattr(root, DELAYED_STATE_NAME):
             raise ValueError(f"convert_to_float8: the model already has an attribute {DELAYED_STATE_NAME!r}")
