@@ -14,9 +14,10 @@
 //                 reads still in L2) and the kept part from shared memory; also captured in a CUDA graph;
 //   rows          rowwise current scaling: a block per row (the shipped long-row design) against a persistent grid
 //                 that issues the next row's loads before this row's reduction;
-//   pair          both layouts (to_float8_pair), current scaling: the shipped amax pass + one 128 x 128 tile per
-//                 block, against a persistent tile loop that issues the next tile's loads first, and against one
-//                 cooperative launch that keeps 6 tiles per SM in shared memory across the grid barrier.
+//   pair          both layouts (to_float8_pair), and the transposing cast ([K, M] only), current scaling: the
+//                 shipped amax pass + one 128 x 128 tile per block, against a persistent tile loop that issues the
+//                 next tile's loads first, and against one cooperative launch that keeps 6 tiles per SM in shared
+//                 memory across the grid barrier.
 // Shapes: issue 18's 8192^2, 16384 x 2048, 16384 x 8192, and two that fit in L2 (2048^2, 4096^2).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -343,7 +344,8 @@ __global__ void __launch_bounds__(256, kPrefetch ? 2 : 3)  // prefetching: 2 per
   }
 }
 
-// ---- pair casts (both layouts, current tensorwise scaling) of an [M, K] matrix, M and K multiples of 128 ----
+// ---- pair and transposing casts (both layouts, or [K, M] only; current tensorwise scaling) of an [M, K] matrix, M
+// and K multiples of 128 ----
 // The shipped tile (csrc/float8/casts.cu, cast_tiles_kernel): 128 x 128, 256 threads, thread t owns column vector
 // t % 16 of rows t / 16 + 16 i (8 vectors); codes written as [M, K] from registers and as [K, M] through a
 // swizzled shared-memory tile, each thread transposing 4 x 4 byte blocks and storing 16-byte runs.
@@ -353,7 +355,8 @@ constexpr int kTileVecs = kTile * kTile / 8 / kTileThreads;  // 8 vectors of 8 b
 
 __device__ __forceinline__ int swz(int m, int k) { return (((k >> 3) ^ ((m / 16) & 7)) << 3) | (k & 7); }
 
-// The codes of this thread's 8 vectors of tile (m0, k0): [M, K] codes to global, the same to the staging tile.
+// The codes of this thread's 8 vectors of tile (m0, k0): [M, K] codes to global (unless out is null: the transposing
+// cast), the same to the staging tile.
 __device__ __forceinline__ void tile_codes(const V8 (&r)[kTileVecs], float scale, int64_t m0, int64_t k0, int64_t K,
                                            uint8_t* __restrict__ out, uint8_t (*codes)[kTile]) {
   const int cv = threadIdx.x % 16;
@@ -361,7 +364,7 @@ __device__ __forceinline__ void tile_codes(const V8 (&r)[kTileVecs], float scale
   for (int i = 0; i < kTileVecs; ++i) {
     const int row = threadIdx.x / 16 + 16 * i;
     const uint2 c = cast8(r[i], scale);
-    *reinterpret_cast<uint2*>(out + (m0 + row) * K + k0 + cv * 8) = c;
+    if (out != nullptr) *reinterpret_cast<uint2*>(out + (m0 + row) * K + k0 + cv * 8) = c;
     *reinterpret_cast<uint2*>(&codes[row][swz(row, cv * 8)]) = c;
   }
 }
@@ -728,51 +731,57 @@ int main() {
         for (int64_t k = 0; k < K; ++k) h_ref_t[k * M + m] = h_ref[m * K + k];
       uint8_t* out_t;
       CHECK(cudaMalloc(&out_t, n));
-      uint8_t* o = reinterpret_cast<uint8_t*>(out);
       int* bad = reinterpret_cast<int*>(scratch + 1);
       unsigned* ticket = scratch + 2;
       const int64_t tiles = (M / kTile) * (K / kTile);
-      auto report_pair = [&](const char* name, float ms) {
-        CHECK(cudaMemcpy(h_out.data(), out, n, cudaMemcpyDeviceToHost));
-        CHECK(cudaMemcpy(h_out_t.data(), out_t, n, cudaMemcpyDeviceToHost));
-        const bool ok = std::memcmp(h_out.data(), h_ref.data(), n) == 0 &&
-                        std::memcmp(h_out_t.data(), h_ref_t.data(), n) == 0;
-        const double pair_floor = 4.0 * n / (copy_gbs * 1e6);
-        std::printf("  %-40s %.4f ms %6.0f GB/s %4.0f%% of copy, x one-pass floor %.2f %s\n", name, ms,
-                    4.0 * n / ms / 1e6, 100.0 * pair_floor / ms, ms / pair_floor, ok ? "bit-exact" : "MISMATCH");
-      };
-      CHECK(cudaMemset(out, 0, n));
-      CHECK(cudaMemset(out_t, 0, n));
-      report_pair("pair two-pass (shipped: amax + tiles)", time_ms([&] {
-        CHECK(cudaMemsetAsync(scratch, 0, 16));
-        amax_grid<<<grid, 256>>>(x, nvec, scratch, bad);
-        pair_tiles<<<int(tiles), kTileThreads>>>(x, o, out_t, M, K, scratch, bad);
-      }, 20));
-      {
-        const float ms = time_ms([&] { pair_tiles<<<int(tiles), kTileThreads>>>(x, o, out_t, M, K, scratch, bad); }, 20);
-        std::printf("  %-40s %.4f ms (one pass: %.0f%% of copy)\n", "  tiles pass alone (shipped)", ms,
-                    100.0 * 4.0 * n / (copy_gbs * 1e6) / ms);
-      }
-      int per_sm = 0;
-      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pair_tiles_prefetch, kTileThreads, 0));
-      for (int b : {1, 2}) {
-        if (b > per_sm) continue;
-        const int g = int(std::min<int64_t>(tiles, int64_t(sms) * b));
+      // with_data: the pair (both layouts, 4 B moved per element); else the transposing cast ([K, M] only, 3 B).
+      for (const bool with_data : {true, false}) {
+        uint8_t* o = with_data ? reinterpret_cast<uint8_t*>(out) : nullptr;
+        const char* kind = with_data ? "pair" : "transpose";
+        const double bytes = (with_data ? 4.0 : 3.0) * n;
+        const double floor_ms = bytes / (copy_gbs * 1e6);
+        auto report_layouts = [&](const char* what, float ms) {
+          bool ok = true;
+          if (with_data) {
+            CHECK(cudaMemcpy(h_out.data(), out, n, cudaMemcpyDeviceToHost));
+            ok = std::memcmp(h_out.data(), h_ref.data(), n) == 0;
+          }
+          CHECK(cudaMemcpy(h_out_t.data(), out_t, n, cudaMemcpyDeviceToHost));
+          ok = ok && std::memcmp(h_out_t.data(), h_ref_t.data(), n) == 0;
+          char name[80];
+          std::snprintf(name, sizeof name, "%s %s", kind, what);
+          std::printf("  %-40s %.4f ms %6.0f GB/s %4.0f%% of copy, x one-pass floor %.2f %s\n", name, ms,
+                      bytes / ms / 1e6, 100.0 * floor_ms / ms, ms / floor_ms, ok ? "bit-exact" : "MISMATCH");
+        };
+        auto report_pass = [&](const char* what, float ms) {
+          std::printf("  %-40s %.4f ms (one pass: %.0f%% of copy)\n", what, ms, 100.0 * floor_ms / ms);
+        };
         CHECK(cudaMemset(out, 0, n));
         CHECK(cudaMemset(out_t, 0, n));
-        char name[64];
-        std::snprintf(name, sizeof name, "pair amax + prefetching tiles %d/SM", b);
-        report_pair(name, time_ms([&] {
+        report_layouts("two-pass (shipped: amax + tiles)", time_ms([&] {
           CHECK(cudaMemsetAsync(scratch, 0, 16));
           amax_grid<<<grid, 256>>>(x, nvec, scratch, bad);
-          pair_tiles_prefetch<<<g, kTileThreads>>>(x, o, out_t, M, K, scratch, bad);
+          pair_tiles<<<int(tiles), kTileThreads>>>(x, o, out_t, M, K, scratch, bad);
         }, 20));
-        const float ms =
-            time_ms([&] { pair_tiles_prefetch<<<g, kTileThreads>>>(x, o, out_t, M, K, scratch, bad); }, 20);
-        std::printf("  %-40s %.4f ms (one pass: %.0f%% of copy)\n", "  prefetching tiles pass alone", ms,
-                    100.0 * 4.0 * n / (copy_gbs * 1e6) / ms);
-      }
-      {
+        report_pass("  tiles pass alone (shipped)",
+                    time_ms([&] { pair_tiles<<<int(tiles), kTileThreads>>>(x, o, out_t, M, K, scratch, bad); }, 20));
+        int per_sm = 0;
+        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pair_tiles_prefetch, kTileThreads, 0));
+        for (int b : {1, 2}) {
+          if (b > per_sm) continue;
+          const int g = int(std::min<int64_t>(tiles, int64_t(sms) * b));
+          CHECK(cudaMemset(out, 0, n));
+          CHECK(cudaMemset(out_t, 0, n));
+          char name[64];
+          std::snprintf(name, sizeof name, "amax + prefetching tiles %d/SM", b);
+          report_layouts(name, time_ms([&] {
+            CHECK(cudaMemsetAsync(scratch, 0, 16));
+            amax_grid<<<grid, 256>>>(x, nvec, scratch, bad);
+            pair_tiles_prefetch<<<g, kTileThreads>>>(x, o, out_t, M, K, scratch, bad);
+          }, 20));
+          report_pass("  prefetching tiles pass alone",
+                      time_ms([&] { pair_tiles_prefetch<<<g, kTileThreads>>>(x, o, out_t, M, K, scratch, bad); }, 20));
+        }
         const int smem = kTile * kTile + kKeptTiles * kTile * kTile * 2;
         CHECK(cudaFuncSetAttribute(pair_fused_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int fused_per_sm = 0;
@@ -781,7 +790,7 @@ int main() {
         void* args[] = {&x, &o, &out_t, const_cast<int64_t*>(&M), const_cast<int64_t*>(&K), &scratch, &bad, &ticket};
         CHECK(cudaMemset(out, 0, n));
         CHECK(cudaMemset(out_t, 0, n));
-        report_pair("pair fused-smem (one cooperative launch)", time_ms([&] {
+        report_layouts("fused-smem (one cooperative launch)", time_ms([&] {
           CHECK(cudaMemsetAsync(scratch, 0, 16));
           CHECK(cudaLaunchCooperativeKernel((void*)pair_fused_smem, g, kTileThreads, args, smem, 0));
         }, 20));
