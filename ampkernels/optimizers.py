@@ -451,6 +451,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         param_at: dict[tuple[torch.device, int], int] = {}
         for i, p in enumerate(group["params"]):
             local = _local(p)
+            if local.is_meta:
+                raise RuntimeError(
+                    f"{name}: parameter {i} of param group {index} is on the meta device, with no memory to step. "
+                    "Materializing a model (to_empty) gives it new parameters: build the optimizer after that"
+                )
             if local.numel() and param_at.setdefault((local.device, local.data_ptr()), i) != i:
                 raise ValueError(
                     f"{name}: parameters {param_at[(local.device, local.data_ptr())]} and {i} of param group "

@@ -1,6 +1,7 @@
 """What the fused optimizers do with inputs torch's would mishandle or that would corrupt a fused step: invalid
 learning rates (numbers and tensors), a param group rejected by add_param_group, one parameter listed twice,
-malformed state_dicts, and parameters loaded in place while master weights are on."""
+parameters left on the meta device, malformed state_dicts, and parameters loaded in place while master weights are
+on."""
 
 from __future__ import annotations
 
@@ -87,6 +88,19 @@ def test_a_parameter_listed_twice_is_an_error_at_the_first_step(device, cls):
     with pytest.raises(ValueError, match="parameters 0 and 2 of param group 0 are the same tensor"):
         opt.step()
     assert torch.equal(p, before)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_an_optimizer_built_on_meta_parameters_says_so_at_its_step(device, cls):
+    """Built before the model was materialized: to_empty gives the model new parameters, so the optimizer's stay on
+    the meta device (torch's own optimizers then step nothing, silently). The step names the cause."""
+    with torch.device("meta"):
+        model = torch.nn.Linear(8, 4)
+    opt = cls(model.parameters(), lr=1e-2)
+    model.to_empty(device=device)
+    model(torch.randn(2, 8, device=device)).sum().backward()
+    with pytest.raises(RuntimeError, match="parameter 0 of param group 0 is on the meta device.*after that"):
+        opt.step()
 
 
 def _trained(device, cls=FusedAdamW):
