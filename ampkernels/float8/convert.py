@@ -76,7 +76,8 @@ def convert_to_float8(
         # A weight shared with another module (tied embeddings) keeps its plain Parameter: the wrapper would be a
         # second Parameter over the same storage (stepped twice per step) or, put in both modules, hand the other
         # one the FP8 codes FSDP2 gathers.
-        uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+        holders = model.named_parameters(remove_duplicate=False) if fsdp_float8_all_gather else ()
+        uses = Counter(id(p) for _, p in holders)
         untied = []
         for name, module in list(model.named_modules()):
             if not wanted(module, name):
