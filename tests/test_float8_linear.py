@@ -1,5 +1,6 @@
 """Float8Linear and convert_to_float8: autograd against the FP8 emulation and against bf16, the recipes' scales,
-delayed scaling's history, the module swap and its state_dict, non-finite inputs, torch.compile, CUDA graphs, DDP."""
+delayed scaling's history, the module swap and its state_dict, non-finite inputs, torch.compile, CUDA graphs, DDP,
+inference mode, deferred (meta-device) initialization, activation checkpointing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ampkernels import FusedAdamW, FusedGradScaler, ScaledLinear, capture_step, reference
 from ampkernels.float8 import Float8Linear, Float8Recipe, convert_to_float8
@@ -156,6 +158,52 @@ def test_inference_mode_computes_what_no_grad_computes(recipe, device):
         want = forward(twins, data)
     for out, ref in zip(got, want, strict=True):
         assert torch.equal(out, ref)
+
+
+class _CheckpointedBlocks(nn.Module):
+    """Two blocks whose q and k layers read one input (the input-cast reuse), each block optionally recomputed in the
+    backward (non-reentrant activation checkpointing)."""
+
+    def __init__(self, checkpointed: bool) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.ModuleDict({n: nn.Linear(64, 64) for n in "qko"}) for _ in range(2))
+        self.checkpointed = checkpointed
+
+    @staticmethod
+    def _block(block: nn.ModuleDict, x: torch.Tensor) -> torch.Tensor:
+        return block["o"](torch.nn.functional.silu(block["q"](x)) * block["k"](x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if self.checkpointed:
+                x = checkpoint(self._block, block, x, use_reentrant=False)
+            else:
+                x = self._block(block, x)
+        return x
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_activation_checkpointing_recomputes_what_the_forward_computed(recipe, device):
+    """The recomputed forward (its casts, the q/k reuse, delayed scaling's records) gives the outputs, input and
+    weight gradients and scaling state of the model without checkpointing, bit for bit."""
+    torch.manual_seed(0)
+    plain = _CheckpointedBlocks(checkpointed=False).to(device)
+    checkpointed = copy.deepcopy(plain)
+    checkpointed.checkpointed = True
+    models = [convert_to_float8(m, recipe, min_features=0) for m in (plain, checkpointed)]
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(32, 64, generator=gen).to(device)
+        inputs = [x.clone().requires_grad_() for _ in models]
+        outs = [m(i) for m, i in zip(models, inputs, strict=True)]
+        for out in outs:
+            out.square().mean().backward()
+        assert torch.equal(outs[0], outs[1]) and torch.equal(inputs[0].grad, inputs[1].grad)
+        for (name, p), q in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad), name
+            p.grad = q.grad = None
+    for (name, a), b in zip(models[0].named_buffers(), models[1].buffers(), strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_unaligned_or_float64_inputs_compute_what_linear_does():
