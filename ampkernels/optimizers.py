@@ -62,7 +62,15 @@ _QUANTIZED = (STATE_Q8, STATE_Q4)
 # int, as torch's load_state_dict would take a string apart).
 _CODE_NAMES = {STATE_Q8: 8, STATE_Q4: 4}
 _CODE_FORMATS = {name: fmt for fmt, name in _CODE_NAMES.items()}
+# The names a state_dict saves quantized moments under. torch's optimizers read 'exp_avg' and 'exp_avg_sq' as float
+# moments, and their load_state_dict casts uint8 codes to float without a word: under other names their step fails
+# instead (KeyError 'exp_avg'). Inside the optimizer the codes keep the moment's own name.
+_SAVED_CODES_KEYS = {"exp_avg": "exp_avg_codes", "exp_avg_sq": "exp_avg_sq_codes"}
 _FORMAT_DTYPES = {STATE_F32: torch.float32, STATE_BF16: torch.bfloat16}
+
+
+def _is_codes(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8
 
 
 def _moment_dtype(value: Any, name: str) -> torch.dtype | None:
@@ -898,7 +906,9 @@ class FusedAdam(_FusedOptimizer):
         if key in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"):
             moment = key.removesuffix("_scale")
             codes = entry.get(moment)
-            if isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8:
+            if _is_codes(codes):
+                if key == moment:  # name the codes as the state_dict saved them
+                    where = where.replace(f"['{key}']", f"['{_SAVED_CODES_KEYS[key]}']", 1)
                 fmt = _CODE_FORMATS.get(entry.get(f"{moment}_bits"))
                 if fmt is None:
                     raise ValueError(
@@ -911,10 +921,12 @@ class FusedAdam(_FusedOptimizer):
                 if tuple(value.shape) != tuple(expected):
                     raise ValueError(f"{where} has shape {tuple(value.shape)}, expected {tuple(expected)}")
                 if not isinstance(entry.get(f"{moment}_scale"), torch.Tensor):
-                    raise KeyError(f"{where}: quantized '{moment}' without its '{moment}_scale' block exponents")
+                    raise KeyError(
+                        f"{where}: codes '{_SAVED_CODES_KEYS[moment]}' without their '{moment}_scale' block exponents"
+                    )
                 return
             if key.endswith("_scale"):
-                raise ValueError(f"{where}: block exponents without quantized '{moment}' codes")
+                raise ValueError(f"{where}: block exponents without their '{_SAVED_CODES_KEYS[moment]}' codes")
         super()._check_saved_tensor(key, value, entry, p, group, where)
 
     def _decode_loaded(self, state, saved, group, p):
@@ -935,10 +947,42 @@ class FusedAdam(_FusedOptimizer):
                 state.pop(k, None)
 
     def state_dict(self, dequantize: bool = False) -> dict[str, Any]:
-        """As torch's; quantized moments are saved as their codes and block exponents (the compact state), or with
-        ``dequantize=True`` decoded to float32, which torch.optim.Adam/AdamW load. FSDP2 (DTensor) parameters'
-        state is saved as DTensors (see :meth:`_FusedOptimizer.state_dict`)."""
-        return super().state_dict(dequantize)
+        """As torch's; quantized moments are saved as their codes (``exp_avg_codes``, uint8), block exponents
+        (``exp_avg_scale``) and width (``exp_avg_bits``), the compact state, which torch's optimizers refuse to
+        step from; with ``dequantize=True`` they are decoded to float32 ``exp_avg``, which torch.optim.Adam/AdamW
+        load. FSDP2 (DTensor) parameters' state is saved as DTensors (see :meth:`_FusedOptimizer.state_dict`)."""
+        sd = super().state_dict(dequantize)
+        for saved_id, entry in sd["state"].items():
+            if any(_is_codes(entry.get(key)) for key in _SAVED_CODES_KEYS):
+                sd["state"][saved_id] = {  # a new dict: torch's state_dict shares the entries with self.state
+                    _SAVED_CODES_KEYS[key] if key in _SAVED_CODES_KEYS and _is_codes(value) else key: value
+                    for key, value in entry.items()
+                }
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """See :meth:`_FusedOptimizer.load_state_dict`; quantized moments load as saved by :meth:`state_dict`
+        (and, from checkpoints written before their codes had names of their own, as uint8 ``exp_avg``)."""
+        super().load_state_dict(self._codes_under_moment_names(state_dict))
+
+    def _codes_under_moment_names(self, state_dict: Any) -> Any:
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
+            return state_dict  # _check_state_dict says what is wrong
+        state = dict(state_dict["state"])
+        for saved_id, entry in state.items():
+            if not isinstance(entry, dict) or not any(name in entry for name in _SAVED_CODES_KEYS.values()):
+                continue
+            entry = state[saved_id] = dict(entry)
+            for key, name in _SAVED_CODES_KEYS.items():
+                if name not in entry:
+                    continue
+                where = f"{type(self).__name__}.load_state_dict: state[{saved_id!r}]['{name}']"
+                if key in entry:
+                    raise ValueError(f"{where}: the entry also holds '{key}'; a moment is saved once")
+                if not _is_codes(entry[name]):
+                    raise TypeError(f"{where} must be a uint8 tensor of codes, got {entry[name]!r:.80}")
+                entry[key] = entry.pop(name)
+        return {**state_dict, "state": state}
 
     def _dequantized(self, sd: dict[str, Any]) -> dict[str, Any]:
         for saved_id, p in self._saved_entries(sd):

@@ -358,7 +358,8 @@ def test_state_dict_round_trip_and_conversions():
     opt.step()
     sd = opt.state_dict()
     # The compact state is what is saved, and loads back exactly.
-    assert sd["state"][0]["exp_avg"].dtype == torch.uint8 and sd["state"][0]["exp_avg_bits"] == 8
+    assert sd["state"][0]["exp_avg_codes"].dtype == torch.uint8 and sd["state"][0]["exp_avg_bits"] == 8
+    assert "exp_avg" not in sd["state"][0] and opt.state[params[0]]["exp_avg"].dtype == torch.uint8
     again = FusedAdamW(params, lr=1e-2, exp_avg_dtype="8bit", exp_avg_sq_dtype="8bit", backend="torch")
     again.load_state_dict(copy.deepcopy(sd))
     for p in params:
@@ -369,7 +370,7 @@ def test_state_dict_round_trip_and_conversions():
     fp32 = FusedAdamW(params, lr=1e-2, backend="torch")
     fp32.load_state_dict(copy.deepcopy(sd))
     decoded = reference.dequantize_blockwise(
-        sd["state"][0]["exp_avg"], sd["state"][0]["exp_avg_scale"], STATE_Q8, False, (32, 256)
+        sd["state"][0]["exp_avg_codes"], sd["state"][0]["exp_avg_scale"], STATE_Q8, False, (32, 256)
     )
     assert torch.equal(fp32.state[params[0]]["exp_avg"], decoded)
     assert "exp_avg_scale" not in fp32.state[params[0]]
@@ -381,7 +382,21 @@ def test_state_dict_round_trip_and_conversions():
         p.grad = g
     q4.step()
     assert q4.state[params[0]]["exp_avg_bits"] == 4
-    # torch.optim.AdamW loads the dequantized form; its state loads into a quantized optimizer.
+    # Checkpoints from before the codes had names of their own (uint8 under 'exp_avg') still load.
+    legacy = copy.deepcopy(sd)
+    for entry in legacy["state"].values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if f"{key}_codes" in entry:
+                entry[key] = entry.pop(f"{key}_codes")
+    old_form = FusedAdamW(params, lr=1e-2, exp_avg_dtype="8bit", exp_avg_sq_dtype="8bit", backend="torch")
+    old_form.load_state_dict(legacy)
+    assert torch.equal(old_form.state[params[0]]["exp_avg"], opt.state[params[0]]["exp_avg"])
+    # torch.optim.AdamW refuses to step from the compact form (its load would cast uint8 codes to float moments
+    # without a word, and 32 x 256 codes have the parameter's shape), and loads the dequantized form.
+    torch_opt = torch.optim.AdamW(params, lr=1e-2)
+    torch_opt.load_state_dict(copy.deepcopy(sd))
+    with pytest.raises(KeyError, match="exp_avg"):
+        torch_opt.step()
     torch_opt = torch.optim.AdamW(params, lr=1e-2)
     torch_opt.load_state_dict(opt.state_dict(dequantize=True))
     assert torch.equal(torch_opt.state[params[0]]["exp_avg"], decoded)
@@ -406,6 +421,22 @@ def test_bad_state_dicts_and_options_raise_clear_errors():
     bad = copy.deepcopy(sd)
     bad["state"][0]["exp_avg_scale"] = bad["state"][0]["exp_avg_scale"][:1]
     with pytest.raises(ValueError, match="exp_avg_scale"):
+        FusedAdamW(params, exp_avg_dtype="8bit").load_state_dict(bad)
+    bad = copy.deepcopy(sd)
+    bad["state"][0]["exp_avg_codes"] = bad["state"][0]["exp_avg_codes"][:, :64]
+    with pytest.raises(ValueError, match=r"\['exp_avg_codes'\] \(parameter 0 of param group 0\) has shape \(32, 64\)"):
+        FusedAdamW(params, exp_avg_dtype="8bit").load_state_dict(bad)
+    bad = copy.deepcopy(sd)
+    bad["state"][0]["exp_avg_codes"] = bad["state"][0]["exp_avg_codes"].float()
+    with pytest.raises(TypeError, match="'exp_avg_codes'.* uint8"):
+        FusedAdamW(params, exp_avg_dtype="8bit").load_state_dict(bad)
+    bad = copy.deepcopy(sd)
+    bad["state"][0]["exp_avg"] = torch.zeros(32, 256)
+    with pytest.raises(ValueError, match="also holds 'exp_avg'"):
+        FusedAdamW(params, exp_avg_dtype="8bit").load_state_dict(bad)
+    bad = copy.deepcopy(sd)
+    del bad["state"][0]["exp_avg_codes"]
+    with pytest.raises(ValueError, match="without their 'exp_avg_codes'"):
         FusedAdamW(params, exp_avg_dtype="8bit").load_state_dict(bad)
     with pytest.raises(ValueError, match="exp_avg_dtype"):
         FusedAdamW(params, exp_avg_dtype="int3")
