@@ -28,6 +28,31 @@ def _randn(shape, device, seed, dtype=torch.float32):
     )
 
 
+# ---- state layouts ----
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sgd_without_momentum_keeps_only_a_master_copy(device, dtype):
+    """Plain SGD with master weights has no momentum buffer: the float32 master copy is its only state. The table
+    once took its state dtype from the momentum buffers alone and refused this case."""
+    p = torch.nn.Parameter(_randn((3, CHUNK + 5), device, 0, dtype))
+    q = torch.nn.Parameter(p.detach().clone())
+    ours = FusedSGD([p], lr=0.1, master_weights=True, backend="native")
+    ref = FusedSGD([q], lr=0.1, master_weights=True, backend="torch")
+    for step in range(2):
+        p.grad = _randn(p.shape, device, 1 + step, dtype)
+        q.grad = p.grad.clone()
+        ours.step()
+        ref.step()
+    master, expected = ours.state[p]["master_param"], ref.state[q]["master_param"]
+    assert master.dtype == torch.float32 and "momentum_buffer" not in ours.state[p]
+    if device == "cpu":
+        assert torch.equal(master, expected) and torch.equal(p, q)
+    else:  # CUDA contracts p - lr * g into an FMA
+        torch.testing.assert_close(master, expected, rtol=2e-7, atol=1e-7)
+        assert torch.equal(p, master.to(dtype))
+
+
 # ---- parameters that change under a cached table ----
 
 

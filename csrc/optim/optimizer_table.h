@@ -67,6 +67,12 @@ class AMPK_HIDDEN OptimizerTable {
       AMPK_CHECK_ARG(p.is_non_overlapping_and_dense(), "params", "parameter ", i,
                      " is not non-overlapping and dense (a strided view); the fused kernels walk its memory");
     }
+    // Float32 state goes with master weights (the state of a float16/bfloat16 parameter is float32 then, and only
+    // then); an SGD without momentum has the master copy as its only state.
+    const bool has_master = !state_[kMasterList - 1].empty();
+    state_dtype_ = has_master ? at::kFloat : param_dtype_;
+    AMPK_CHECK_ARG(!has_master || param_dtype_ != at::kFloat, "master_param",
+                   "master weights are for float16/bfloat16 parameters, these are float32");
     for (int k = 0; k < kNumLists - 1; ++k) {
       const auto& list = state_[k];
       if (list.empty()) continue;
@@ -81,19 +87,13 @@ class AMPK_HIDDEN OptimizerTable {
                          " must be a 1-element float32 tensor");
           continue;
         }
-        const bool fp32_only = which == kMasterList;
-        if (!fp32_only && i == 0 && k == 0) state_dtype_ = s.scalar_type();
-        AMPK_CHECK_ARG(s.scalar_type() == (fp32_only ? at::kFloat : state_dtype_), name, "tensor ", i, " has dtype ",
-                       s.scalar_type(), ", expected ", fp32_only ? at::kFloat : state_dtype_);
+        const at::ScalarType expected = which == kMasterList ? at::kFloat : state_dtype_;
+        AMPK_CHECK_ARG(s.scalar_type() == expected, name, "tensor ", i, " has dtype ", s.scalar_type(), ", expected ",
+                       expected, has_master ? " (master weights)" : " (the parameters' dtype, no master weights)");
         AMPK_CHECK_ARG(s.sizes() == params_[i].sizes() && s.strides() == params_[i].strides(), name, "tensor ", i,
                        " must have the shape and strides of its parameter");
       }
     }
-    const bool has_master = !state_[kMasterList - 1].empty();
-    AMPK_CHECK_ARG(has_master == (state_dtype_ != param_dtype_), "state",
-                   "state in float32 for float16/bfloat16 parameters needs master weights, and only then");
-    AMPK_CHECK_ARG(state_dtype_ == param_dtype_ || state_dtype_ == at::kFloat, "state", "state dtype ", state_dtype_,
-                   " for ", param_dtype_, " parameters");
     table_ = std::make_unique<TensorTable>(params_, device_);
     TORCH_INTERNAL_ASSERT(table_->groups().size() == 1, "one parameter dtype per table");
     check_distinct(grads_.param_ptrs(), params_);
