@@ -88,7 +88,10 @@ def _extensions():
     cpp_sources = [str(p.relative_to(ROOT)) for p in sorted(CSRC.rglob("*.cpp"))]
     cuda_sources = [str(p.relative_to(ROOT)) for p in sorted(CSRC.rglob("*.cu"))]
     include_dirs = [str(CSRC)]  # sources include "common/...", "scaler/...", "optim/...", "matmul/..."
-    cxx_flags = ["-O3"]  # the C++ standard comes from torch (C++17 or C++20 by version)
+    # The C++ standard comes from torch (C++17 or C++20 by version). No FMA contraction: the CPU kernels round
+    # each operation as the reference does (contraction is on by default where the base ISA has FMA, e.g. arm64).
+    # No errno from math functions: with it, sqrt does not vectorize.
+    cxx_flags = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
     link_flags = []
     if torch.backends.openmp.is_available() and sys.platform.startswith("linux"):
         # at::parallel_for is an inline template: without -fopenmp it compiles to a serial loop (no _OPENMP, so no

@@ -102,8 +102,8 @@ def test_matches_torch_step_by_step(device, config):
 
 def test_backends_agree_with_reference(device):
     """The kernels compute reference.adam_step's float32 math. The native CPU kernel rounds every operation as the
-    reference does (x86 C++ without -mfma has no contraction): equal bit for bit, moments included. The CUDA and
-    Triton kernels may contract multiply-adds into FMAs: a few float32 ulps after 3 steps."""
+    reference does (built with -ffp-contract=off): equal bit for bit, moments included. The CUDA and Triton kernels
+    may contract multiply-adds into FMAs: a few float32 ulps after 3 steps."""
     for backend in backends_for(device):
         ps = make_params(shapes_for(backend, device), device)
         pr = clone_params(ps)
@@ -291,6 +291,33 @@ def test_torch_state_dict_with_missing_state_loads(device):
         theirs.step()
     for a, b in zip(ps, pt, strict=True):
         torch.testing.assert_close(a, b, **FP32_TOL)
+
+
+@pytest.mark.parametrize(
+    "dtypes",
+    [(torch.float32, False), (torch.bfloat16, True), (torch.float16, False)],
+    ids=["fp32", "bf16-master", "fp16"],
+)
+@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
+def test_native_cpu_step_is_the_reference_bit_for_bit(config, dtypes):
+    """Each option selects its own vectorized loop in the CPU kernel (the options are template arguments there):
+    every one gives the reference's parameters and state bit for bit, with a grad scale and across chunk tails."""
+    if dispatch.why_not("adam", "native", "cpu") is not None:
+        pytest.skip(dispatch.why_not("adam", "native", "cpu"))
+    cls, _, options = config
+    param_dtype, master = dtypes
+    ps = make_params(SHAPES, "cpu", param_dtype)
+    pr = clone_params(ps)
+    ours = cls(ps, backend="native", master_weights=master, **options)
+    ref = cls(pr, backend="torch", master_weights=master, **options)
+    for step in range(3):
+        set_grads([ps, pr], step, scale=64.0)
+        for opt in (ours, ref):
+            opt.step(grad_scale=torch.tensor([64.0]))
+    for a, b in zip(ps, pr, strict=True):
+        assert torch.equal(a, b)
+        for key, value in ref.state[b].items():
+            assert torch.equal(ours.state[a][key], value), key
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

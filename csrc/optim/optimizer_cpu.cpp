@@ -1,5 +1,5 @@
 // CPU implementation of the fused optimizer steps: the same prologue and per-element math as the CUDA kernels
-// (optimizer.h), parallel over chunks with at::parallel_for.
+// (optimizer.h), parallel over chunks with at::parallel_for, each chunk one loop the compiler vectorizes.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -33,6 +33,64 @@ void prologue(const OptimizerLaunch& l, double lr) {
   }
 }
 
+// The element loops take the boolean hyperparameters as template arguments and the tensors (distinct ones) as
+// restrict pointers: with those branches fixed at compile time and no aliasing to fear, the compiler vectorizes
+// them (the sqrt too, built with -fno-math-errno).
+// NOTE: with the flags read at run time and the tensors' pointers as they were, the loop stayed scalar: an AdamW
+// step of 4M float32 params took 15.1 ms on one core of the repository's CPU machine, torch's fused CPU AdamW 2.8.
+template <bool kMaster, bool kMaximize, bool kDecoupled, bool kAmsgrad, typename P, typename G, typename S>
+void adam_span(P* __restrict__ p, float* __restrict__ master, const G* __restrict__ g, S* __restrict__ m,
+               S* __restrict__ v, S* __restrict__ vmax, int64_t size, AdamHyper h, float inv_scale, float decay,
+               float step_size, float bc2_sqrt) {
+  h.maximize = kMaximize, h.decoupled_weight_decay = kDecoupled, h.amsgrad = kAmsgrad;
+  for (int64_t i = 0; i < size; ++i) {
+    float pi = kMaster ? master[i] : static_cast<float>(p[i]);
+    float mi = static_cast<float>(m[i]), vi = static_cast<float>(v[i]);
+    float vmaxi = kAmsgrad ? static_cast<float>(vmax[i]) : 0.f;
+    adam_element(pi, static_cast<float>(g[i]) * inv_scale, mi, vi, vmaxi, h, decay, step_size, bc2_sqrt);
+    if (kMaster) master[i] = pi;
+    p[i] = static_cast<P>(pi);
+    m[i] = static_cast<S>(mi);
+    v[i] = static_cast<S>(vi);
+    if (kAmsgrad) vmax[i] = static_cast<S>(vmaxi);
+  }
+}
+
+template <bool kMaster, bool kMaximize, bool kNesterov, bool kMomentum, typename P, typename G, typename S>
+void sgd_span(P* __restrict__ p, float* __restrict__ master, const G* __restrict__ g, S* __restrict__ buf,
+              int64_t size, SgdHyper h, float inv_scale, float lr, bool first) {
+  h.maximize = kMaximize, h.nesterov = kNesterov;
+  for (int64_t i = 0; i < size; ++i) {
+    float pi = kMaster ? master[i] : static_cast<float>(p[i]);
+    float bi = kMomentum && !first ? static_cast<float>(buf[i]) : 0.f;
+    sgd_element(pi, static_cast<float>(g[i]) * inv_scale, bi, h, lr, first);
+    if (kMaster) master[i] = pi;
+    p[i] = static_cast<P>(pi);
+    if (kMomentum) buf[i] = static_cast<S>(bi);
+  }
+}
+
+// Calls f with the values of a, b and c as std::bool_constant arguments (one instantiation per combination).
+template <typename F>
+void with_flags(bool a, bool b, bool c, F&& f) {
+  auto third = [&](auto A, auto B) {
+    if (c)
+      f(A, B, std::true_type{});
+    else
+      f(A, B, std::false_type{});
+  };
+  auto second = [&](auto A) {
+    if (b)
+      third(A, std::true_type{});
+    else
+      third(A, std::false_type{});
+  };
+  if (a)
+    second(std::true_type{});
+  else
+    second(std::false_type{});
+}
+
 template <typename P, typename G, typename S>
 void run(const OptimizerLaunch& l, double lr, float inv_scale) {
   constexpr bool kMaster = !std::is_same_v<P, S>;
@@ -45,40 +103,29 @@ void run(const OptimizerLaunch& l, double lr, float inv_scale) {
   const float* scalars = l.scalars.data_ptr<float>();
   const float lr_f = static_cast<float>(lr);
   const float decay = static_cast<float>(1.0 - lr * l.adam.weight_decay);
+  const bool adam = l.kind == OptimizerKind::kAdam;
   at::parallel_for(0, table.num_chunks(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const int64_t t = chunk_tensor[c], start = chunk_start[c];
       const int64_t size = std::min(kChunkSize, numels[t] - start);
       P* p = reinterpret_cast<P*>(addrs[t]) + start;
       const G* g = list_ptr<const G>(lists, n, kGradList, t) + start;
-      S* m = list_ptr<S>(lists, n, kExpAvgList, t);
       float* master = kMaster ? list_ptr<float>(lists, n, kMasterList, t) + start : nullptr;
+      S* m = list_ptr<S>(lists, n, kExpAvgList, t);
       if (m != nullptr) m += start;
-      auto load_p = [&](int64_t i) { return kMaster ? master[i] : static_cast<float>(p[i]); };
-      auto store_p = [&](int64_t i, float v) {
-        if (kMaster) master[i] = v;
-        p[i] = static_cast<P>(v);
-      };
-      if (l.kind == OptimizerKind::kAdam) {
+      if (adam) {
         S* v = list_ptr<S>(lists, n, kExpAvgSqList, t) + start;
         S* vmax = l.adam.amsgrad ? list_ptr<S>(lists, n, kMaxExpAvgSqList, t) + start : nullptr;
         const float step_size = scalars[2 * t], bc2_sqrt = scalars[2 * t + 1];
-        for (int64_t i = 0; i < size; ++i) {
-          float pi = load_p(i), mi = m[i], vi = v[i], vmaxi = vmax ? static_cast<float>(vmax[i]) : 0.f;
-          adam_element(pi, static_cast<float>(g[i]) * inv_scale, mi, vi, vmaxi, l.adam, decay, step_size, bc2_sqrt);
-          store_p(i, pi);
-          m[i] = static_cast<S>(mi);
-          v[i] = static_cast<S>(vi);
-          if (vmax) vmax[i] = static_cast<S>(vmaxi);
-        }
+        with_flags(l.adam.maximize, l.adam.decoupled_weight_decay, l.adam.amsgrad, [&](auto mx, auto dec, auto ams) {
+          adam_span<kMaster, mx, dec, ams>(p, master, g, m, v, vmax, size, l.adam, inv_scale, decay, step_size,
+                                            bc2_sqrt);
+        });
       } else {
         const bool first = m != nullptr && scalars[2 * t] != 0.f;
-        for (int64_t i = 0; i < size; ++i) {
-          float pi = load_p(i), buf = m != nullptr && !first ? static_cast<float>(m[i]) : 0.f;
-          sgd_element(pi, static_cast<float>(g[i]) * inv_scale, buf, l.sgd, lr_f, first);
-          store_p(i, pi);
-          if (m != nullptr) m[i] = static_cast<S>(buf);
-        }
+        with_flags(l.sgd.maximize, l.sgd.nesterov, m != nullptr, [&](auto mx, auto nest, auto mom) {
+          sgd_span<kMaster, mx, nest, mom>(p, master, g, m, size, l.sgd, inv_scale, lr_f, first);
+        });
       }
     }
   });
