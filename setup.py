@@ -90,8 +90,9 @@ def _extensions():
     include_dirs = [str(CSRC)]  # sources include "common/...", "scaler/...", "optim/...", "matmul/..."
     # The C++ standard comes from torch (C++17 or C++20 by version). No FMA contraction: the CPU kernels round
     # each operation as the reference does (contraction is on by default where the base ISA has FMA, e.g. arm64).
-    # No errno from math functions: with it, sqrt does not vectorize.
-    cxx_flags = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
+    # No errno from math functions and no trapping floating point (neither changes a result): with them, sqrt does
+    # not vectorize, nor does a select between two float expressions (both sides may not be computed).
+    cxx_flags = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
     link_flags = []
     if torch.backends.openmp.is_available() and sys.platform.startswith("linux"):
         # at::parallel_for is an inline template: without -fopenmp it compiles to a serial loop (no _OPENMP, so no

@@ -221,6 +221,55 @@ def test_formats_match_the_reference(dev, backend, exp_avg, exp_avg_sq):
         assert opt.state[params[3]][key].dtype == torch.float32
 
 
+# (class, parameter dtype, options): every boolean option, the other lerp formula and master weights, each with
+# quantized moments.
+NATIVE_CPU_CASES = {
+    "adam-l2-amsgrad-maximize": (
+        FusedAdam,
+        torch.float32,
+        dict(weight_decay=0.05, amsgrad=True, maximize=True, exp_avg_dtype="8bit", exp_avg_sq_dtype="bf16"),
+    ),
+    "adamw-maximize-4bit-8bit": (FusedAdamW, torch.float32, dict(maximize=True, exp_avg_dtype="4bit")),
+    "adamw-amsgrad-betas": (
+        FusedAdamW,
+        torch.float32,
+        dict(amsgrad=True, betas=(0.3, 0.9), exp_avg_dtype="4bit", exp_avg_sq_dtype="fp32"),
+    ),
+    "adamw-no-decay-8bit": (FusedAdamW, torch.float32, dict(weight_decay=0.0, exp_avg_dtype="8bit")),
+    "bf16-master-4bit": (
+        FusedAdamW,
+        torch.bfloat16,
+        dict(master_weights=True, exp_avg_dtype="4bit", exp_avg_sq_dtype="4bit"),
+    ),
+    "fp16-8bit": (FusedAdamW, torch.float16, dict(exp_avg_dtype="8bit", exp_avg_sq_dtype="8bit")),
+    "bf16-sr-4bit": (
+        FusedAdam,
+        torch.bfloat16,
+        dict(weight_decay=0.01, stochastic_rounding=True, exp_avg_dtype="4bit", exp_avg_sq_dtype="4bit"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NATIVE_CPU_CASES))
+def test_native_cpu_options_match_the_reference_bit_for_bit(case):
+    """The CPU kernel's loops are specialized per moment format and per boolean option: each case is its own code,
+    and each gives the reference's parameters, codes, block exponents and moments bit for bit."""
+    if "native" not in blockwise_backends("cpu"):
+        pytest.skip("native extension not available")
+    cls, dtype, options = NATIVE_CPU_CASES[case]
+    opts = {"lr": 1e-2, "exp_avg_sq_dtype": "8bit", **options}
+    params, grads = make_model_params(SHAPES, "cpu", dtype)
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref = cls(params, backend="native", **opts), cls(ref_params, backend="torch", **opts)
+    for step_grads in grads:
+        for p, q, g in zip(params, ref_params, step_grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step(grad_scale=torch.full((1,), 4.0))
+        ref.step(grad_scale=torch.full((1,), 4.0))
+    assert any(v.dtype == torch.uint8 for v in opt.state[params[0]].values() if isinstance(v, torch.Tensor))
+    assert_state_matches(opt, ref, params, ref_params, exact=True)
+
+
 @pytest.mark.parametrize(("dev", "backend"), backend_params())
 @pytest.mark.parametrize("moment", ["bf16", "8bit"])
 def test_bf16_stochastic_rounding_matches_the_reference(dev, backend, moment):

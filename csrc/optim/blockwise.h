@@ -64,7 +64,7 @@ struct Code {
   bool is_signed;
 };
 
-C10_HOST_DEVICE inline Code code_of(int format, bool second_moment) {
+C10_HOST_DEVICE constexpr Code code_of(int format, bool second_moment) {
   if (format == kQ8) return second_moment ? Code{5, 3, false} : Code{4, 3, true};
   return second_moment ? Code{4, 0, false} : Code{2, 1, true};
 }
@@ -104,10 +104,12 @@ C10_HOST_DEVICE inline float pow2_biased(int e) { return float_of(static_cast<ui
 C10_HOST_DEVICE inline uint32_t encode_magnitude(float y, Code c) {
   const int top = (1 << c.exp_bits) - 1;
   const uint32_t max_code = (1u << (c.exp_bits + c.man_bits)) - 1;
-  // Below 2^(1 - top) the codes are a uniform grid: exact scaling by a power of two, then + 0.5 and floor.
+  // Below 2^(1 - top) the codes are a uniform grid: exact scaling by a power of two, then + 0.5 and floor (the
+  // conversion's truncation: the sum is in [0.5, 2^man_bits + 0.5], so a signed one, which x86 vectors have). The
+  // min is fminf's (a NaN y gives min_normal) as a select: library calls to floorf and fminf kept CPU loops scalar.
   const float grid = float_of(static_cast<uint32_t>(127 + top - 1 + c.man_bits) << 23);
   const float min_normal = float_of(static_cast<uint32_t>(128 - top) << 23);  // 2^(1 - top)
-  const uint32_t sub = static_cast<uint32_t>(::floorf(::fminf(y, min_normal) * grid + 0.5f));
+  const uint32_t sub = static_cast<int32_t>((y < min_normal ? y : min_normal) * grid + 0.5f);
   // Above it, the float32 bits rounded to man_bits (a carry moves into the exponent); NaN and inf land far above
   // max_code (exponent bits 255), and y >= 2^(1 - top) keeps the difference positive.
   const uint32_t normal =
@@ -162,9 +164,18 @@ C10_HOST_DEVICE inline uint32_t rounding_key(uint64_t seed, int64_t salt, float 
   return mix32(k + static_cast<uint32_t>(static_cast<int64_t>(step)));
 }
 
+// The mixed high word of an element index: the same for every index between two multiples of 2^32, so a loop
+// over a block can compute it once.
+C10_HOST_DEVICE inline uint32_t rounding_high(int64_t index) {
+  return mix32(static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32));
+}
+
+C10_HOST_DEVICE inline uint32_t rounding_bits(uint32_t key, int64_t index, uint32_t high) {
+  return mix32((key + static_cast<uint32_t>(index)) ^ high) >> 16;
+}
+
 C10_HOST_DEVICE inline uint32_t rounding_bits(uint32_t key, int64_t index) {
-  const uint32_t hi = mix32(static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32));
-  return mix32((key + static_cast<uint32_t>(index)) ^ hi) >> 16;
+  return rounding_bits(key, index, rounding_high(index));
 }
 
 // The bfloat16 bits of x rounded stochastically with 16 random bits (NaN: the quiet NaN torch's rounding gives).

@@ -1,11 +1,15 @@
 // The blockwise Adam step on the CPU: the prologue and per-block math of blockwise.cu, block by block, parallel
-// over ranges of blocks with at::parallel_for.
+// over ranges of blocks with at::parallel_for, each block's loops vectorized.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "optim/blockwise.h"
 
@@ -19,59 +23,137 @@ struct Moment {
   uint8_t* scales;
 };
 
+// Every loop below runs over one block (at most kQuantBlock elements) with its format, code and options fixed at
+// compile time, through restrict pointers, so that the compiler vectorizes it.
+// NOTE: with them read at run time element by element, a step of 4M float32 params with 8-bit moments took 67 ms
+// on one core of the repository's CPU machine (float32 moments: 4.0 ms).
+
+// max |src[k]|, NaN skipped (what std::fmax gives). The compiler keeps a select reduction scalar, one dependent
+// max per element; on x86 maxps is the same select, four at a time (maxps(a, m) = a > m ? a : m), here into four
+// accumulators, which hides its latency.
+inline float block_absmax(const float* __restrict__ src, int n) {
+  float absmax = 0.f;
+  int k = 0;
+#if defined(__SSE2__)
+  const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
+  __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  for (; k + 16 <= n; k += 16)
+    for (int u = 0; u < 4; ++u) acc[u] = _mm_max_ps(_mm_and_ps(_mm_loadu_ps(src + k + 4 * u), magnitude), acc[u]);
+  alignas(16) float lanes[4][4];
+  for (int u = 0; u < 4; ++u) _mm_store_ps(lanes[u], acc[u]);
+  for (const auto& lane : lanes)
+    for (const float a : lane) absmax = a > absmax ? a : absmax;
+#endif
+  for (; k < n; ++k) {
+    const float a = std::fabs(src[k]);
+    absmax = a > absmax ? a : absmax;
+  }
+  return absmax;
+}
+
 // Decodes (or reads) elements [col, col + n) of `row` into dst.
-void load_moment(float* dst, const Moment& x, int64_t row, int64_t cols, int64_t col, int64_t block, int64_t flat,
-                 int n) {
-  if (x.fmt == kF32) {
-    std::copy_n(static_cast<const float*>(x.base) + flat, n, dst);
-    return;
-  }
-  if (x.fmt == kBF16) {
-    const auto* src = static_cast<const at::BFloat16*>(x.base) + flat;
+template <int kFormat, bool kSecond>
+void load_moment(float* __restrict__ dst, const Moment& x, int64_t row, int64_t cols, int64_t col, int64_t block,
+                 int64_t flat, int n) {
+  if constexpr (kFormat == kF32) {
+    const float* __restrict__ src = static_cast<const float*>(x.base) + flat;
+    for (int k = 0; k < n; ++k) dst[k] = src[k];
+  } else if constexpr (kFormat == kBF16) {
+    const at::BFloat16* __restrict__ src = static_cast<const at::BFloat16*>(x.base) + flat;
     for (int k = 0; k < n; ++k) dst[k] = static_cast<float>(src[k]);
-    return;
-  }
-  const Code c = code_of(x.fmt, x.second);
-  const int e = x.scales[block];
-  const auto* codes = static_cast<const uint8_t*>(x.base);
-  for (int k = 0; k < n; ++k) {
-    const int64_t j = col + k;
-    const uint32_t code =
-        x.fmt == kQ8 ? codes[row * cols + j] : (codes[row * ((cols + 1) / 2) + j / 2] >> (4 * (j % 2))) & 0xF;
-    dst[k] = decode(code, e, c);
+  } else {
+    constexpr Code c = code_of(kFormat, kSecond);
+    const int e = x.scales[block];
+    const auto* codes = static_cast<const uint8_t*>(x.base);
+    if constexpr (kFormat == kQ8) {
+      const uint8_t* __restrict__ src = codes + row * cols + col;
+      for (int k = 0; k < n; ++k) dst[k] = decode(src[k], e, c);
+    } else {  // two codes a byte, the even column's in the low nibble (blocks start at even columns)
+      const uint8_t* __restrict__ src = codes + row * ((cols + 1) / 2) + col / 2;
+      for (int k = 0; k < n / 2; ++k) {
+        dst[2 * k] = decode(src[k] & 0xFu, e, c);
+        dst[2 * k + 1] = decode(src[k] >> 4, e, c);
+      }
+      if (n % 2 != 0) dst[n - 1] = decode(src[n / 2] & 0xFu, e, c);
+    }
   }
 }
 
-void store_moment(const Moment& x, const float* src, int64_t row, int64_t cols, int64_t col, int64_t block,
-                  int64_t flat, int n) {
-  if (x.fmt == kF32) {
-    std::copy_n(src, n, static_cast<float*>(x.base) + flat);
-    return;
-  }
-  if (x.fmt == kBF16) {
-    auto* dst = static_cast<at::BFloat16*>(x.base) + flat;
+template <int kFormat, bool kSecond>
+void store_moment(const Moment& x, const float* __restrict__ src, int64_t row, int64_t cols, int64_t col,
+                  int64_t block, int64_t flat, int n) {
+  if constexpr (kFormat == kF32) {
+    float* __restrict__ dst = static_cast<float*>(x.base) + flat;
+    for (int k = 0; k < n; ++k) dst[k] = src[k];
+  } else if constexpr (kFormat == kBF16) {
+    at::BFloat16* __restrict__ dst = static_cast<at::BFloat16*>(x.base) + flat;
     for (int k = 0; k < n; ++k) dst[k] = static_cast<at::BFloat16>(src[k]);
-    return;
-  }
-  const Code c = code_of(x.fmt, x.second);
-  float absmax = 0.f;
-  for (int k = 0; k < n; ++k) absmax = std::fmax(absmax, std::fabs(src[k]));
-  const int e = block_exponent(absmax, c.man_bits);
-  const float multiplier = pow2_biased(254 - e);
-  x.scales[block] = static_cast<uint8_t>(e);
-  auto* codes = static_cast<uint8_t*>(x.base);
-  for (int k = 0; k < n; ++k) {
-    const int64_t j = col + k;
-    const uint32_t code = encode(src[k], multiplier, c);
-    if (x.fmt == kQ8) {
-      codes[row * cols + j] = static_cast<uint8_t>(code);
-    } else {
-      uint8_t& byte = codes[row * ((cols + 1) / 2) + j / 2];
-      // Blocks start at even columns, so the low nibble is written first: it clears the byte's high nibble,
-      // which stays 0 at the end of an odd row.
-      byte = j % 2 == 0 ? static_cast<uint8_t>(code) : static_cast<uint8_t>((byte & 0xF) | (code << 4));
+  } else {
+    constexpr Code c = code_of(kFormat, kSecond);
+    const int e = block_exponent(block_absmax(src, n), c.man_bits);
+    const float multiplier = pow2_biased(254 - e);
+    x.scales[block] = static_cast<uint8_t>(e);
+    auto* codes = static_cast<uint8_t*>(x.base);
+    if constexpr (kFormat == kQ8) {
+      uint8_t* __restrict__ dst = codes + row * cols + col;
+      for (int k = 0; k < n; ++k) dst[k] = static_cast<uint8_t>(encode(src[k], multiplier, c));
+    } else {  // an odd row's last byte keeps its high nibble 0
+      uint8_t* __restrict__ dst = codes + row * ((cols + 1) / 2) + col / 2;
+      for (int k = 0; k < n / 2; ++k)
+        dst[k] = static_cast<uint8_t>(encode(src[2 * k], multiplier, c) | (encode(src[2 * k + 1], multiplier, c) << 4));
+      if (n % 2 != 0) dst[n / 2] = static_cast<uint8_t>(encode(src[n - 1], multiplier, c));
     }
   }
+}
+
+// f(std::integral_constant<int, format>).
+template <typename F>
+void with_format(int format, F&& f) {
+  switch (format) {
+    case kF32: f(std::integral_constant<int, kF32>{}); break;
+    case kBF16: f(std::integral_constant<int, kBF16>{}); break;
+    case kQ8: f(std::integral_constant<int, kQ8>{}); break;
+    case kQ4: f(std::integral_constant<int, kQ4>{}); break;
+    default: TORCH_CHECK(false, "ampkernels: unknown moment format ", format);
+  }
+}
+
+void load(float* dst, const Moment& x, int64_t row, int64_t cols, int64_t col, int64_t block, int64_t flat, int n) {
+  with_format(x.fmt, [&](auto fmt) {
+    if (x.second)
+      load_moment<fmt, true>(dst, x, row, cols, col, block, flat, n);
+    else
+      load_moment<fmt, false>(dst, x, row, cols, col, block, flat, n);
+  });
+}
+
+void store(const Moment& x, const float* src, int64_t row, int64_t cols, int64_t col, int64_t block, int64_t flat,
+           int n) {
+  with_format(x.fmt, [&](auto fmt) {
+    if (x.second)
+      store_moment<fmt, true>(x, src, row, cols, col, block, flat, n);
+    else
+      store_moment<fmt, false>(x, src, row, cols, col, block, flat, n);
+  });
+}
+
+// adam_element over one block, its boolean options fixed.
+template <bool kMaximize, bool kDecoupled, bool kAmsgrad>
+void adam_block(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+                float* __restrict__ vmax, int n, AdamHyper h, float decay, float step_size, float bc2_sqrt) {
+  h.maximize = kMaximize, h.decoupled_weight_decay = kDecoupled, h.amsgrad = kAmsgrad;
+  for (int k = 0; k < n; ++k) adam_element(p[k], g[k], m[k], v[k], vmax[k], h, decay, step_size, bc2_sqrt);
+}
+
+using AdamBlock = void (*)(float*, const float*, float*, float*, float*, int, AdamHyper, float, float, float);
+
+AdamBlock adam_block_for(const AdamHyper& h) {
+  static constexpr AdamBlock kTable[8] = {
+      adam_block<false, false, false>, adam_block<false, false, true>, adam_block<false, true, false>,
+      adam_block<false, true, true>,   adam_block<true, false, false>, adam_block<true, false, true>,
+      adam_block<true, true, false>,   adam_block<true, true, true>,
+  };
+  return kTable[4 * h.maximize + 2 * h.decoupled_weight_decay + h.amsgrad];
 }
 
 template <typename P, typename G>
@@ -80,6 +162,7 @@ void run(const BlockwiseLaunch& l, double lr, float inv_scale) {
   const float* scalars = l.scalars.data_ptr<float>();
   const float decay = static_cast<float>(1.0 - lr * l.adam.weight_decay);
   const int64_t num_tensors = l.num_tensors;
+  const AdamBlock adam_block_fn = adam_block_for(l.adam);
   at::parallel_for(0, l.num_blocks, 64, [&](int64_t begin, int64_t end) {
     int64_t t = 0;  // the last tensor whose first block is <= begin
     while (t + 1 < num_tensors && meta[(t + 1) * kMetaCount + kMetaFirstBlock] <= begin) ++t;
@@ -100,29 +183,39 @@ void run(const BlockwiseLaunch& l, double lr, float inv_scale) {
       const Moment vv{static_cast<int>((formats >> 8) & 0xFF), true, reinterpret_cast<void*>(x[kMetaExpAvgSq]),
                       reinterpret_cast<uint8_t*>(x[kMetaExpAvgSqScale])};
       const Moment vm{vv.fmt, true, reinterpret_cast<void*>(x[kMetaMaxExpAvgSq]), nullptr};
-      P* param = reinterpret_cast<P*>(x[kMetaParam]) + flat;
-      const G* grad = reinterpret_cast<const G*>(x[kMetaGrad]) + flat;
-      float* master = reinterpret_cast<float*>(x[kMetaMaster]);
-      for (int k = 0; k < n; ++k) {
-        p[k] = master != nullptr ? master[flat + k] : static_cast<float>(param[k]);
-        g[k] = static_cast<float>(grad[k]) * inv_scale;
+      P* __restrict__ param = reinterpret_cast<P*>(x[kMetaParam]) + flat;
+      const G* __restrict__ grad = reinterpret_cast<const G*>(x[kMetaGrad]) + flat;
+      float* __restrict__ master = reinterpret_cast<float*>(x[kMetaMaster]);
+      if (master != nullptr) {
+        master += flat;
+        for (int k = 0; k < n; ++k) p[k] = master[k];
+      } else {
+        for (int k = 0; k < n; ++k) p[k] = static_cast<float>(param[k]);
       }
-      load_moment(m, mm, row, cols, col, local, flat, n);
-      load_moment(v, vv, row, cols, col, local, flat, n);
-      if (l.adam.amsgrad) load_moment(vmax, vm, row, cols, col, local, flat, n);
+      for (int k = 0; k < n; ++k) g[k] = static_cast<float>(grad[k]) * inv_scale;
+      load(m, mm, row, cols, col, local, flat, n);
+      load(v, vv, row, cols, col, local, flat, n);
+      if (l.adam.amsgrad) load(vmax, vm, row, cols, col, local, flat, n);
       const float step_size = scalars[4 * t], bc2_sqrt = scalars[4 * t + 1];
-      for (int k = 0; k < n; ++k) adam_element(p[k], g[k], m[k], v[k], vmax[k], l.adam, decay, step_size, bc2_sqrt);
-      store_moment(mm, m, row, cols, col, local, flat, n);
-      store_moment(vv, v, row, cols, col, local, flat, n);
-      if (l.adam.amsgrad) store_moment(vm, vmax, row, cols, col, local, flat, n);
-      if (master != nullptr) std::copy_n(p, n, master + flat);
+      adam_block_fn(p, g, m, v, vmax, n, l.adam, decay, step_size, bc2_sqrt);
+      store(mm, m, row, cols, col, local, flat, n);
+      store(vv, v, row, cols, col, local, flat, n);
+      if (l.adam.amsgrad) store(vm, vmax, row, cols, col, local, flat, n);
+      if (master != nullptr)
+        for (int k = 0; k < n; ++k) master[k] = p[k];
       if constexpr (std::is_same_v<P, at::BFloat16>) {
         if (l.stochastic_rounding) {
           uint32_t key;
           std::memcpy(&key, &scalars[4 * t + 2], 4);
-          auto* out = reinterpret_cast<uint16_t*>(param);
-          for (int k = 0; k < n; ++k)
-            out[k] = stochastic_round_bf16_bits(p[k], rounding_bits(key, x[kMetaOffset] + flat + k));
+          uint16_t* __restrict__ out = reinterpret_cast<uint16_t*>(param);
+          const int64_t index = x[kMetaOffset] + flat;
+          if ((index >> 32) == ((index + n - 1) >> 32)) {  // one high word for the block (always, but at 2^32)
+            const uint32_t high = rounding_high(index);
+            for (int k = 0; k < n; ++k)
+              out[k] = stochastic_round_bf16_bits(p[k], rounding_bits(key, index + k, high));
+          } else {
+            for (int k = 0; k < n; ++k) out[k] = stochastic_round_bf16_bits(p[k], rounding_bits(key, index + k));
+          }
           continue;
         }
       }
