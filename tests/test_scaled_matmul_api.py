@@ -100,6 +100,20 @@ def test_scaled_linear_output_scale(device, output_scale):
     assert layer.weight.grad.shape == (12, 32) and layer.bias.grad.shape == (12,)
 
 
+def test_scaled_linear_output_scale_keeps_its_dtype_through_half():
+    """model.half() converts floating buffers; a per-feature output_scale below half of float16's smallest
+    subnormal (3e-8) would become 0, and so would the layer's output. It stays float32, moved with the module."""
+    torch.manual_seed(15)
+    layer = ScaledLinear(16, 8, bias=False, output_scale=torch.full((8,), 2e-8)).half()
+    assert layer.output_scale.dtype == torch.float32 and layer.weight.dtype == torch.float16
+    x = (torch.randn(4, 16) * 1000).half()
+    y = layer(x)
+    expected = (x.float() @ layer.weight.float().t()) * 2e-8  # ~1e-5: float16 holds it to ~0.5%
+    assert y.abs().min() > 0
+    torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=1e-7)
+    assert layer.to("meta").output_scale.is_meta  # moved with the module
+
+
 @pytest.mark.parametrize("backend", ["", "native", "cuBLAS", "Triton"])
 def test_unknown_backend_names_the_valid_choices(backend):
     a = b = torch.ones(4, 4, dtype=torch.float16)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ampkernels._modules import buffers_keep_dtype
 from ampkernels.float8.casts import cast_with_produced_amax, to_float8, to_float8_pair
 from ampkernels.float8.fsdp import Float8AllGatherWeight, Float8GatheredWeight, wrap_float8_all_gather
 from ampkernels.float8.fused import produced_amax
@@ -348,15 +349,9 @@ class Float8Linear(nn.Linear):
         self._float8_state_ready = True
 
     def _apply(self, fn, recurse=True):
-        # model.to(torch.bfloat16) / .half() convert every floating buffer: the delayed scaling state stays float32
-        # (the casts take float32 scales), moved to the new device with its values, not converted.
-        state = {name: self._buffers.get(name) for name in ("float8_scale", "float8_amax")}
-        super()._apply(fn, recurse)
-        for name, old in state.items():
-            new = self._buffers.get(name)
-            if old is not None and new is not None and new.dtype != old.dtype:
-                self._buffers[name] = old.to(device=new.device)
-        return self
+        # The delayed scaling state stays float32 (the casts take float32 scales) through model.to(torch.bfloat16).
+        with buffers_keep_dtype(self, ("float8_scale", "float8_amax")):
+            return super()._apply(fn, recurse)
 
     @classmethod
     def from_linear(

@@ -23,6 +23,7 @@ import torch
 
 from ampkernels import dispatch
 from ampkernels._constants import SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
+from ampkernels._modules import buffers_keep_dtype
 from ampkernels.matmul import dispatch as matmul_dispatch
 from ampkernels.matmul import ops as _ops  # noqa: F401  (registers the torch.library ops)
 from ampkernels.matmul.dispatch import FLOAT8_DTYPES, auto_backend, cublas_refuses, launch, launch_float8
@@ -734,7 +735,7 @@ class ScaledLinear(torch.nn.Linear):
 
     Args (beyond ``nn.Linear``'s): output_scale: ``None`` (1), a float, or a tensor (one element, or per output
         feature [out_features]); a tensor is kept as a non-persistent buffer, so state_dict keys stay ``weight`` and
-        ``bias``. backend: as :func:`scaled_matmul`.
+        ``bias``, and keeps its dtype when the module's dtype changes. backend: as :func:`scaled_matmul`.
     float16/bfloat16 inputs (or autocast) run on the kernels; float32/float64 without autocast run on the reference
     (``backend="torch"``), so the module works wherever ``nn.Linear`` does. Under autocast the bias stays fp32
     (``nn.Linear`` would round it to the autocast dtype first).
@@ -757,6 +758,12 @@ class ScaledLinear(torch.nn.Linear):
             self.register_buffer("output_scale", output_scale.detach().clone(), persistent=False)
         else:
             self.output_scale = output_scale
+
+    def _apply(self, fn, recurse=True):
+        # A tensor output_scale keeps its dtype through model.half() / .to(torch.bfloat16): the kernels apply it in
+        # float32, and a float16 copy would round it (per-feature scales below 6e-8 to zero).
+        with buffers_keep_dtype(self, ("output_scale",)):
+            return super()._apply(fn, recurse)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         backend = self.backend
