@@ -57,6 +57,9 @@ _MOMENT_ALIASES = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
 }
+# The names a state_dict's param groups save those dtypes under: torch.distributed.checkpoint's full_state_dict
+# gathering takes tensors and plain Python values only (a torch.dtype fails it: "Unexpected value type").
+_MOMENT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.uint8: "8bit", torch.uint4: "4bit"}
 _QUANTIZED = (STATE_Q8, STATE_Q4)
 # A quantized moment's state names its code's width: state["exp_avg_bits"] = 8 (checkpoints say what they hold; an
 # int, as torch's load_state_dict would take a string apart).
@@ -950,7 +953,9 @@ class FusedAdam(_FusedOptimizer):
         """As torch's; quantized moments are saved as their codes (``exp_avg_codes``, uint8), block exponents
         (``exp_avg_scale``) and width (``exp_avg_bits``), the compact state, which torch's optimizers refuse to
         step from; with ``dequantize=True`` they are decoded to float32 ``exp_avg``, which torch.optim.Adam/AdamW
-        load. FSDP2 (DTensor) parameters' state is saved as DTensors (see :meth:`_FusedOptimizer.state_dict`)."""
+        load. FSDP2 (DTensor) parameters' state is saved as DTensors (see :meth:`_FusedOptimizer.state_dict`).
+        The param groups name their ``exp_avg_dtype`` and ``exp_avg_sq_dtype`` ("8bit", "bf16", ...: what the
+        constructor takes), so that every value is a plain type."""
         sd = super().state_dict(dequantize)
         for saved_id, entry in sd["state"].items():
             if any(_is_codes(entry.get(key)) for key in _SAVED_CODES_KEYS):
@@ -958,6 +963,9 @@ class FusedAdam(_FusedOptimizer):
                     _SAVED_CODES_KEYS[key] if key in _SAVED_CODES_KEYS and _is_codes(value) else key: value
                     for key, value in entry.items()
                 }
+        for group in sd["param_groups"]:  # (torch's state_dict packs new group dicts)
+            for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+                group[key] = _MOMENT_NAMES.get(group.get(key), group.get(key))
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

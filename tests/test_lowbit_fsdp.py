@@ -14,6 +14,7 @@ last dimension (dim-0 shards never split one, also for an odd number of rows), a
 
 from __future__ import annotations
 
+import copy
 import faulthandler
 import os
 import sys
@@ -208,14 +209,17 @@ def test_fsdp2_lowbit_matches_unsharded_nccl(tmp_path, config):
 CHECKPOINT_CONFIGS = {"fp32": dict(params=torch.float32, options={}), **CONFIGS}
 
 
-def _checkpoint_worker(rank, world, init_file, config, out_dir):
+def _checkpoint_worker(rank, world, init_file, config, out_dir, full):
     """Trains 2 steps, saves model and optimizer with DCP, takes a 3rd step; then a fresh model and optimizer (other
-    initial weights, no state) load the checkpoint and take the same 3rd step. Every rank's shards must agree."""
+    initial weights, no state) load the checkpoint and take the same 3rd step. Every rank's shards must agree.
+    ``full``: instead of sharded files, the consolidated state dicts rank 0 gets with ``full_state_dict=True,
+    cpu_offload=True`` (one file's worth, as for an export), loaded back with ``broadcast_from_rank0=True``."""
     faulthandler.enable()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
             get_model_state_dict,
             get_optimizer_state_dict,
             set_model_state_dict,
@@ -256,25 +260,33 @@ def _checkpoint_worker(rank, world, init_file, config, out_dir):
         model, opt = build(0)
         for index in range(2):
             step(model, opt, index)
-        saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
+        saved = {"model": get_model_state_dict(model, options=options)}
+        saved["optim"] = get_optimizer_state_dict(model, opt, options=options)
         kinds = sorted(
             {
                 type(v).__name__
-                for e in saved["optim"]["state"].values()
+                for e in saved["optim"].get("state", {}).values()  # (full: empty off rank 0)
                 for k, v in e.items()
                 if k != "step" and not isinstance(v, int)
             }
         )
-        dcp.save(saved, checkpoint_id=os.path.join(out_dir, "ckpt"))
+        if full:
+            saved = copy.deepcopy(saved)  # (cpu_offload keeps CPU tensors as they are: the live step counts)
+        else:
+            dcp.save(saved, checkpoint_id=os.path.join(out_dir, "ckpt"))
         before = shards(opt)
         step(model, opt, 2)
         want = [p.detach().to_local().clone() for p in model.parameters()]
 
         model2, opt2 = build(1)
-        state = {"model": get_model_state_dict(model2), "optim": get_optimizer_state_dict(model2, opt2)}
-        dcp.load(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
-        set_model_state_dict(model2, state["model"])
-        set_optimizer_state_dict(model2, opt2, state["optim"])
+        if full:
+            state, options = saved, StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        else:
+            state = {"model": get_model_state_dict(model2), "optim": get_optimizer_state_dict(model2, opt2)}
+            dcp.load(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
+        set_model_state_dict(model2, state["model"], options=options)
+        set_optimizer_state_dict(model2, opt2, state["optim"], options=options)
         loaded = shards(opt2)
         step(model2, opt2, 2)
         got = [p.detach().to_local().clone() for p in model2.parameters()]
@@ -293,15 +305,21 @@ def _checkpoint_worker(rank, world, init_file, config, out_dir):
     os._exit(0)
 
 
+@pytest.mark.parametrize("full", [False, True], ids=["sharded", "full"])
 @pytest.mark.parametrize("config", list(CHECKPOINT_CONFIGS))
-def test_fsdp2_optimizer_state_round_trips_through_distributed_checkpoint(tmp_path, config):
+def test_fsdp2_optimizer_state_round_trips_through_distributed_checkpoint(tmp_path, config, full):
     """The sharded state is saved as DTensors (before, DCP took every rank's local shard for the same replicated
     tensor and loaded rank 0's everywhere); after a load the state and the next step are the original's bit for
-    bit, on both ranks (fc2's 65 rows shard unevenly)."""
-    mp.spawn(_checkpoint_worker, args=(WORLD, str(tmp_path / "store"), config, str(tmp_path)), nprocs=WORLD, join=True)
+    bit, on both ranks (fc2's 65 rows shard unevenly). The same through a consolidated state dict on rank 0 (its
+    gathering takes plain Python values only: the param groups' torch.dtype options once failed it)."""
+    args = (WORLD, str(tmp_path / "store"), config, str(tmp_path), full)
+    mp.spawn(_checkpoint_worker, args=args, nprocs=WORLD, join=True)
     for r in range(WORLD):
         result = torch.load(tmp_path / f"rank{r}.pt")
-        assert result["kinds"] == ["DTensor"], result
+        if full and r != 0:
+            assert result["kinds"] == [], result  # only rank 0 holds the consolidated state
+        else:
+            assert result["kinds"] == (["Tensor"] if full else ["DTensor"]), result
         if config in ("q8", "q4"):
             assert "torch.uint8" in result["dtypes"], result
         assert result["state_equal"], f"rank {r}: loaded state differs"
