@@ -12,6 +12,7 @@
 #endif
 
 #include "optim/blockwise.h"
+#include "optim/optimizer_cpu.h"
 
 namespace ampkernels {
 namespace {
@@ -137,32 +138,12 @@ void store(const Moment& x, const float* src, int64_t row, int64_t cols, int64_t
   });
 }
 
-// adam_element over one block, its boolean options fixed.
-template <bool kMaximize, bool kDecoupled, bool kAmsgrad>
-void adam_block(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                float* __restrict__ vmax, int n, AdamHyper h, float decay, float step_size, float bc2_sqrt) {
-  h.maximize = kMaximize, h.decoupled_weight_decay = kDecoupled, h.amsgrad = kAmsgrad;
-  for (int k = 0; k < n; ++k) adam_element(p[k], g[k], m[k], v[k], vmax[k], h, decay, step_size, bc2_sqrt);
-}
-
-using AdamBlock = void (*)(float*, const float*, float*, float*, float*, int, AdamHyper, float, float, float);
-
-AdamBlock adam_block_for(const AdamHyper& h) {
-  static constexpr AdamBlock kTable[8] = {
-      adam_block<false, false, false>, adam_block<false, false, true>, adam_block<false, true, false>,
-      adam_block<false, true, true>,   adam_block<true, false, false>, adam_block<true, false, true>,
-      adam_block<true, true, false>,   adam_block<true, true, true>,
-  };
-  return kTable[4 * h.maximize + 2 * h.decoupled_weight_decay + h.amsgrad];
-}
-
 template <typename P, typename G>
 void run(const BlockwiseLaunch& l, double lr, float inv_scale) {
   const int64_t* meta = l.meta.data_ptr<int64_t>();
   const float* scalars = l.scalars.data_ptr<float>();
   const float decay = static_cast<float>(1.0 - lr * l.adam.weight_decay);
   const int64_t num_tensors = l.num_tensors;
-  const AdamBlock adam_block_fn = adam_block_for(l.adam);
   at::parallel_for(0, l.num_blocks, 64, [&](int64_t begin, int64_t end) {
     int64_t t = 0;  // the last tensor whose first block is <= begin
     while (t + 1 < num_tensors && meta[(t + 1) * kMetaCount + kMetaFirstBlock] <= begin) ++t;
@@ -197,7 +178,11 @@ void run(const BlockwiseLaunch& l, double lr, float inv_scale) {
       load(v, vv, row, cols, col, local, flat, n);
       if (l.adam.amsgrad) load(vmax, vm, row, cols, col, local, flat, n);
       const float step_size = scalars[4 * t], bc2_sqrt = scalars[4 * t + 1];
-      adam_block_fn(p, g, m, v, vmax, n, l.adam, decay, step_size, bc2_sqrt);
+      const AdamHyper& h = l.adam;
+      cpu::with_flags(h.maximize, h.decoupled_weight_decay, h.amsgrad, [&](auto mx, auto dec, auto ams) {
+        // the block's float32 copies; g is unscaled already (inv_scale 1: an exact product)
+        cpu::adam_span<false, mx, dec, ams>(p, nullptr, g, m, v, vmax, n, h, 1.f, decay, step_size, bc2_sqrt);
+      });
       store(mm, m, row, cols, col, local, flat, n);
       store(vv, v, row, cols, col, local, flat, n);
       if (l.adam.amsgrad) store(vm, vmax, row, cols, col, local, flat, n);

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "optim/optimizer.h"
+#include "optim/optimizer_cpu.h"
 
 namespace ampkernels {
 namespace {
@@ -33,29 +33,6 @@ void prologue(const OptimizerLaunch& l, double lr) {
   }
 }
 
-// The element loops take the boolean hyperparameters as template arguments and the tensors (distinct ones) as
-// restrict pointers: with those branches fixed at compile time and no aliasing to fear, the compiler vectorizes
-// them (the sqrt too, built with -fno-math-errno).
-// NOTE: with the flags read at run time and the tensors' pointers as they were, the loop stayed scalar: an AdamW
-// step of 4M float32 params took 15.1 ms on one core of the repository's CPU machine, torch's fused CPU AdamW 2.8.
-template <bool kMaster, bool kMaximize, bool kDecoupled, bool kAmsgrad, typename P, typename G, typename S>
-void adam_span(P* __restrict__ p, float* __restrict__ master, const G* __restrict__ g, S* __restrict__ m,
-               S* __restrict__ v, S* __restrict__ vmax, int64_t size, AdamHyper h, float inv_scale, float decay,
-               float step_size, float bc2_sqrt) {
-  h.maximize = kMaximize, h.decoupled_weight_decay = kDecoupled, h.amsgrad = kAmsgrad;
-  for (int64_t i = 0; i < size; ++i) {
-    float pi = kMaster ? master[i] : static_cast<float>(p[i]);
-    float mi = static_cast<float>(m[i]), vi = static_cast<float>(v[i]);
-    float vmaxi = kAmsgrad ? static_cast<float>(vmax[i]) : 0.f;
-    adam_element(pi, static_cast<float>(g[i]) * inv_scale, mi, vi, vmaxi, h, decay, step_size, bc2_sqrt);
-    if (kMaster) master[i] = pi;
-    p[i] = static_cast<P>(pi);
-    m[i] = static_cast<S>(mi);
-    v[i] = static_cast<S>(vi);
-    if (kAmsgrad) vmax[i] = static_cast<S>(vmaxi);
-  }
-}
-
 template <bool kMaster, bool kMaximize, bool kNesterov, bool kMomentum, typename P, typename G, typename S>
 void sgd_span(P* __restrict__ p, float* __restrict__ master, const G* __restrict__ g, S* __restrict__ buf,
               int64_t size, SgdHyper h, float inv_scale, float lr, bool first) {
@@ -68,27 +45,6 @@ void sgd_span(P* __restrict__ p, float* __restrict__ master, const G* __restrict
     p[i] = static_cast<P>(pi);
     if (kMomentum) buf[i] = static_cast<S>(bi);
   }
-}
-
-// Calls f with the values of a, b and c as std::bool_constant arguments (one instantiation per combination).
-template <typename F>
-void with_flags(bool a, bool b, bool c, F&& f) {
-  auto third = [&](auto A, auto B) {
-    if (c)
-      f(A, B, std::true_type{});
-    else
-      f(A, B, std::false_type{});
-  };
-  auto second = [&](auto A) {
-    if (b)
-      third(A, std::true_type{});
-    else
-      third(A, std::false_type{});
-  };
-  if (a)
-    second(std::true_type{});
-  else
-    second(std::false_type{});
 }
 
 template <typename P, typename G, typename S>
@@ -117,13 +73,14 @@ void run(const OptimizerLaunch& l, double lr, float inv_scale) {
         S* v = list_ptr<S>(lists, n, kExpAvgSqList, t) + start;
         S* vmax = l.adam.amsgrad ? list_ptr<S>(lists, n, kMaxExpAvgSqList, t) + start : nullptr;
         const float step_size = scalars[2 * t], bc2_sqrt = scalars[2 * t + 1];
-        with_flags(l.adam.maximize, l.adam.decoupled_weight_decay, l.adam.amsgrad, [&](auto mx, auto dec, auto ams) {
-          adam_span<kMaster, mx, dec, ams>(p, master, g, m, v, vmax, size, l.adam, inv_scale, decay, step_size,
-                                            bc2_sqrt);
+        const AdamHyper& h = l.adam;
+        cpu::with_flags(h.maximize, h.decoupled_weight_decay, h.amsgrad, [&](auto mx, auto dec, auto ams) {
+          cpu::adam_span<kMaster, mx, dec, ams>(p, master, g, m, v, vmax, size, h, inv_scale, decay, step_size,
+                                                bc2_sqrt);
         });
       } else {
         const bool first = m != nullptr && scalars[2 * t] != 0.f;
-        with_flags(l.sgd.maximize, l.sgd.nesterov, m != nullptr, [&](auto mx, auto nest, auto mom) {
+        cpu::with_flags(l.sgd.maximize, l.sgd.nesterov, m != nullptr, [&](auto mx, auto nest, auto mom) {
           sgd_span<kMaster, mx, nest, mom>(p, master, g, m, size, l.sgd, inv_scale, lr_f, first);
         });
       }
