@@ -27,7 +27,8 @@ struct Moment {
 // Every loop below runs over one block (at most kQuantBlock elements) with its format, code and options fixed at
 // compile time, through restrict pointers, so that the compiler vectorizes it.
 // NOTE: with them read at run time element by element, the step with 8-bit moments took 149-152 ms on the
-// scaled-down Llama set of python -m benchmarks --only optimizers (2-core CPU machine); now 31-32 ms.
+// scaled-down Llama set of python -m benchmarks --only optimizers (2-core CPU machine); now 31-32 ms, and 21 ms
+// with the AVX2 clones (optimizer_cpu.h).
 
 // max |src[k]|, NaN skipped (what std::fmax gives). The compiler keeps a select reduction scalar, one dependent
 // max per element; on x86 maxps is the same select, four at a time (maxps(a, m) = a > m ? a : m), here into four
@@ -54,7 +55,7 @@ inline float block_absmax(const float* __restrict__ src, int n) {
 
 // Decodes (or reads) elements [col, col + n) of `row` into dst.
 template <int kFormat, bool kSecond>
-void load_moment(float* __restrict__ dst, const Moment& x, int64_t row, int64_t cols, int64_t col, int64_t block,
+AMPK_CPU_VECTOR_CLONES void load_moment(float* __restrict__ dst, const Moment& x, int64_t row, int64_t cols, int64_t col, int64_t block,
                  int64_t flat, int n) {
   if constexpr (kFormat == kF32) {
     const float* __restrict__ src = static_cast<const float*>(x.base) + flat;
@@ -81,7 +82,7 @@ void load_moment(float* __restrict__ dst, const Moment& x, int64_t row, int64_t 
 }
 
 template <int kFormat, bool kSecond>
-void store_moment(const Moment& x, const float* __restrict__ src, int64_t row, int64_t cols, int64_t col,
+AMPK_CPU_VECTOR_CLONES void store_moment(const Moment& x, const float* __restrict__ src, int64_t row, int64_t cols, int64_t col,
                   int64_t block, int64_t flat, int n) {
   if constexpr (kFormat == kF32) {
     float* __restrict__ dst = static_cast<float*>(x.base) + flat;
@@ -104,6 +105,17 @@ void store_moment(const Moment& x, const float* __restrict__ src, int64_t row, i
         dst[k] = static_cast<uint8_t>(encode(src[2 * k], multiplier, c) | (encode(src[2 * k + 1], multiplier, c) << 4));
       if (n % 2 != 0) dst[n / 2] = static_cast<uint8_t>(encode(src[n - 1], multiplier, c));
     }
+  }
+}
+
+// The bfloat16 bits of a block's updated parameters p, rounded stochastically (elements index .. index + n - 1).
+AMPK_CPU_VECTOR_CLONES void round_stochastically(uint16_t* __restrict__ out, const float* __restrict__ p, int n,
+                                                 uint32_t key, int64_t index) {
+  if ((index >> 32) == ((index + n - 1) >> 32)) {  // one high word for the block (always, but at 2^32)
+    const uint32_t high = rounding_high(index);
+    for (int k = 0; k < n; ++k) out[k] = stochastic_round_bf16_bits(p[k], rounding_bits(key, index + k, high));
+  } else {
+    for (int k = 0; k < n; ++k) out[k] = stochastic_round_bf16_bits(p[k], rounding_bits(key, index + k));
   }
 }
 
@@ -192,15 +204,7 @@ void run(const BlockwiseLaunch& l, double lr, float inv_scale) {
         if (l.stochastic_rounding) {
           uint32_t key;
           std::memcpy(&key, &scalars[4 * t + 2], 4);
-          uint16_t* __restrict__ out = reinterpret_cast<uint16_t*>(param);
-          const int64_t index = x[kMetaOffset] + flat;
-          if ((index >> 32) == ((index + n - 1) >> 32)) {  // one high word for the block (always, but at 2^32)
-            const uint32_t high = rounding_high(index);
-            for (int k = 0; k < n; ++k)
-              out[k] = stochastic_round_bf16_bits(p[k], rounding_bits(key, index + k, high));
-          } else {
-            for (int k = 0; k < n; ++k) out[k] = stochastic_round_bf16_bits(p[k], rounding_bits(key, index + k));
-          }
+          round_stochastically(reinterpret_cast<uint16_t*>(param), p, n, key, x[kMetaOffset] + flat);
           continue;
         }
       }

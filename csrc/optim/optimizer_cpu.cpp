@@ -34,7 +34,7 @@ void prologue(const OptimizerLaunch& l, double lr) {
 }
 
 template <bool kMaster, bool kMaximize, bool kNesterov, bool kMomentum, typename P, typename G, typename S>
-void sgd_span(P* __restrict__ p, float* __restrict__ master, const G* __restrict__ g, S* __restrict__ buf,
+AMPK_CPU_VECTOR_CLONES void sgd_span(P* __restrict__ p, float* __restrict__ master, const G* __restrict__ g, S* __restrict__ buf,
               int64_t size, SgdHyper h, float inv_scale, float lr, bool first) {
   h.maximize = kMaximize, h.nesterov = kNesterov;
   for (int64_t i = 0; i < size; ++i) {
