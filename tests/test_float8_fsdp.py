@@ -204,6 +204,15 @@ def test_fsdp2_float8_all_gather_matches_unsharded(tmp_path, kind, precompute):
     _check(ranks, reference, precompute)
 
 
+# Measured on the H200 machine (torch 2.11): Dynamo's autograd.Function tracing asserts on the gathered weight
+# ("assert subgraph_vt.is_tensor()", higher_order_ops.overwrite_tensor_vt_proxy), with gloo and with NCCL alike;
+# torch 2.14 compiles it and matches the eager model bit for bit.
+COMPILE_NEEDS_TORCH_2_14 = pytest.mark.xfail(
+    torch.__version__ < (2, 14), reason="torch < 2.14: Dynamo fails on the FP8-gathered weight", strict=True
+)
+
+
+@COMPILE_NEEDS_TORCH_2_14
 @pytest.mark.parametrize("precompute", [True, False], ids=["precomputed", "per-layer"])
 def test_fsdp2_float8_all_gather_compiled_matches_unsharded(tmp_path, precompute):
     """The sharded model under torch.compile: the same parameters, bit for bit, as the unsharded eager model."""
@@ -222,7 +231,9 @@ def test_fsdp2_float8_all_gather_matches_unsharded_nccl(tmp_path, precompute):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "compiled", [False, pytest.param(True, marks=COMPILE_NEEDS_TORCH_2_14)], ids=["eager", "compiled"]
+)
 @pytest.mark.parametrize("precompute", [True, False], ids=["precomputed", "per-layer"])
 def test_fsdp2_float8_all_gather_one_gpu_nccl(tmp_path, precompute, compiled):
     """A world of one over NCCL: the CUDA casts in the pre-all-gather on FSDP2's copy-in stream, the gathered codes in
