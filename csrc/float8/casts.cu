@@ -22,6 +22,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 
@@ -346,16 +347,17 @@ __device__ __forceinline__ void row_reduce(float& acc, bool& bad) {
 // delayed scaling the row's given scale (recording the row's amax as it casts); then the codes.
 // NOTE (H200): one block per row looping over rows, 98 registers (2 blocks per SM), ran 16384 x 2048 bf16 at 0.8 TB/s
 // (each row's load latency exposed); a warp per row ran it at 2.2 TB/s, but 8192-wide rows at 1.7 TB/s (read twice).
+// A block per row held in registers is bound to 48 registers, 5 blocks per SM (80 KB of loads in flight per SM):
+// at 69 registers, 3 per SM, it ran 8192^2 bf16 at 58% of copy, where dev/float8/cast_bench.cu's at 5 ran 84%.
 // VEC > 1 needs stride_k == 1 and K % VEC == 0.
-template <typename T, int VEC, bool kE4M3, int kLanes>
-__global__ void __launch_bounds__(kThreads, 3)
+template <typename T, int VEC, bool kE4M3, int kLanes, bool kInRegisters>
+__global__ void __launch_bounds__(kThreads, kLanes == 32 ? 3 : (kInRegisters ? 5 : 4))
     cast_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t M, int64_t K, int64_t stride_m,
                      int64_t stride_k, CastState s) {
   constexpr int kRowVecs = kLanes == 32 ? kWarpRowVecs : kBlockRowVecs;
   constexpr int kRowsPerBlock = kThreads / kLanes;
   const int lane = threadIdx.x % kLanes;
   const int64_t nvec = K / VEC;
-  const bool in_registers = nvec <= kLanes * kRowVecs;
   const bool current = s.scale == nullptr;
   const bool record = s.record;  // delayed only
   const int64_t stride_rows = int64_t(gridDim.x) * kRowsPerBlock;
@@ -365,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     float acc = 0.0f;
     bool bad = false;
     Vec<T, VEC> r[kRowVecs];
-    if (in_registers) {
+    if constexpr (kInRegisters) {
 #pragma unroll
       for (int j = 0; j < kRowVecs; ++j) {
         const int64_t v = lane + int64_t(j) * kLanes;
@@ -374,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
     float scale;
     if (current) {
-      if (in_registers) {
+      if constexpr (kInRegisters) {
 #pragma unroll
         for (int j = 0; j < kRowVecs; ++j)
           if (lane + int64_t(j) * kLanes < nvec)
@@ -399,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
     const float amax = acc;
     const bool row_bad = bad;
-    if (in_registers) {
+    if constexpr (kInRegisters) {
 #pragma unroll
       for (int j = 0; j < kRowVecs; ++j) {
         const int64_t v = lane + int64_t(j) * kLanes;
@@ -602,6 +604,22 @@ int row_vector_width(const at::Tensor& x) {
   return aligned && rows_aligned && (K == 1 || x.stride(1) == 1) && K % kVec == 0 ? kVec : 1;
 }
 
+// Blocks of kKernel resident at kThreads threads on `sms` SMs: a grid-stride kernel's grid, one wave. Cached per
+// kernel (the query costs host time on every cast; a process runs one architecture).
+// NOTE (H200): sized as 2048 / kThreads = 8 blocks per SM, the flat cast (40 registers: 6 fit) and the warp-per-row
+// cast (80 registers: 3 fit) ran a second, partial wave; the delayed cast ran at 77% of copy, its probe at 91%.
+template <auto kKernel>
+int64_t resident_blocks(int64_t sms) {
+  static std::atomic<int> per_sm{0};
+  int n = per_sm.load(std::memory_order_relaxed);
+  if (n == 0) {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0));
+    n = std::max(n, 1);
+    per_sm.store(n, std::memory_order_relaxed);
+  }
+  return sms * n;
+}
+
 template <typename T, bool kE4M3, int VEC>
 void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::Tensor& data_t, CastState s,
             bool current_amax_pass, int64_t sms, cudaStream_t stream) {
@@ -612,46 +630,61 @@ void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::
   const bool flat = x.is_contiguous();
   constexpr int kFlatVec = 16 / sizeof(T);
   const bool flat_aligned = reinterpret_cast<uintptr_t>(xp) % 16 == 0;
-  const int64_t resident = sms * (2048 / kThreads);
   uint8_t* out = a.write_data ? reinterpret_cast<uint8_t*>(data.data_ptr()) : nullptr;
   uint8_t* out_t = a.write_t ? reinterpret_cast<uint8_t*>(data_t.data_ptr()) : nullptr;
+  // Blocks of a flat grid-stride kernel: one per kThreads vectors, at most one wave.
+  const auto flat_blocks = [&](int64_t resident) {
+    return std::max<int64_t>(1, std::min((n / kFlatVec + kThreads - 1) / kThreads, resident));
+  };
 
   if (a.per_row && !a.write_t) {
     if (K / VEC <= 32 * kWarpRowVecs) {
-      const int64_t blocks = std::min((M + kThreads / 32 - 1) / (kThreads / 32), resident);
-      cast_rows_kernel<T, VEC, kE4M3, 32><<<blocks, kThreads, 0, stream>>>(xp, out, M, K, stride_m, stride_k, s);
+      constexpr auto kernel = cast_rows_kernel<T, VEC, kE4M3, 32, true>;
+      const int64_t blocks = std::min((M + kThreads / 32 - 1) / (kThreads / 32), resident_blocks<kernel>(sms));
+      kernel<<<blocks, kThreads, 0, stream>>>(xp, out, M, K, stride_m, stride_k, s);
     } else {
       const int64_t blocks = std::min<int64_t>(M, std::numeric_limits<int32_t>::max());
-      cast_rows_kernel<T, VEC, kE4M3, kThreads><<<blocks, kThreads, 0, stream>>>(xp, out, M, K, stride_m, stride_k,
-                                                                                 s);
+      if (K / VEC <= kThreads * kBlockRowVecs)
+        cast_rows_kernel<T, VEC, kE4M3, kThreads, true>
+            <<<blocks, kThreads, 0, stream>>>(xp, out, M, K, stride_m, stride_k, s);
+      else
+        cast_rows_kernel<T, VEC, kE4M3, kThreads, false>
+            <<<blocks, kThreads, 0, stream>>>(xp, out, M, K, stride_m, stride_k, s);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   if (current_amax_pass) {
     if (flat && !per_column) {
-      const int64_t blocks = std::max<int64_t>(1, std::min((n / kFlatVec + kThreads - 1) / kThreads, resident));
-      if (flat_aligned)
-        amax_flat_kernel<T, kFlatVec><<<blocks, kThreads, 0, stream>>>(xp, n, s.scratch_amax, s.scratch_bad);
-      else
-        amax_flat_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(xp, n, s.scratch_amax, s.scratch_bad);
+      if (flat_aligned) {
+        constexpr auto kernel = amax_flat_kernel<T, kFlatVec>;
+        kernel<<<flat_blocks(resident_blocks<kernel>(sms)), kThreads, 0, stream>>>(xp, n, s.scratch_amax,
+                                                                                   s.scratch_bad);
+      } else {
+        constexpr auto kernel = amax_flat_kernel<T, 1>;
+        kernel<<<flat_blocks(resident_blocks<kernel>(sms)), kThreads, 0, stream>>>(xp, n, s.scratch_amax,
+                                                                                   s.scratch_bad);
+      }
     } else {
+      constexpr auto kernel = amax_columns_kernel<T, VEC>;
       const int64_t column_blocks = (K + 32 * VEC - 1) / (32 * VEC);
-      const int64_t strips = std::max<int64_t>(1, std::min(M, resident / column_blocks));
+      const int64_t strips = std::max<int64_t>(1, std::min(M, resident_blocks<kernel>(sms) / column_blocks));
       const int64_t rows_per_block = (M + strips - 1) / strips;
       const dim3 grid(static_cast<unsigned>(column_blocks),  // strips <= resident blocks: y's 65535 is ample
                       static_cast<unsigned>((M + rows_per_block - 1) / rows_per_block));
-      amax_columns_kernel<T, VEC><<<grid, kThreads, 0, stream>>>(xp, M, K, stride_m, stride_k, rows_per_block,
-                                                                 s.scratch_amax, s.scratch_bad, per_column);
+      kernel<<<grid, kThreads, 0, stream>>>(xp, M, K, stride_m, stride_k, rows_per_block, s.scratch_amax,
+                                            s.scratch_bad, per_column);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (!a.write_t && flat) {
-    const int64_t blocks = std::max<int64_t>(1, std::min((n / kFlatVec + kThreads - 1) / kThreads, resident));
-    if (flat_aligned)
-      cast_flat_kernel<T, kFlatVec, kE4M3><<<blocks, kThreads, 0, stream>>>(xp, out, n, s);
-    else
-      cast_flat_kernel<T, 1, kE4M3><<<blocks, kThreads, 0, stream>>>(xp, out, n, s);
+    if (flat_aligned) {
+      constexpr auto kernel = cast_flat_kernel<T, kFlatVec, kE4M3>;
+      kernel<<<flat_blocks(resident_blocks<kernel>(sms)), kThreads, 0, stream>>>(xp, out, n, s);
+    } else {
+      constexpr auto kernel = cast_flat_kernel<T, 1, kE4M3>;
+      kernel<<<flat_blocks(resident_blocks<kernel>(sms)), kThreads, 0, stream>>>(xp, out, n, s);
+    }
   } else {
     const int64_t tiles = ((M + kTileM - 1) / kTileM) * ((K + kTileK - 1) / kTileK);
     TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), "ampkernels: to_float8_native: x is too large (",

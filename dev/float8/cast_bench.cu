@@ -7,6 +7,8 @@
 //   copy          cudaMemcpyAsync of the same bytes read + written (the ceiling);
 //   two-pass      the shipped csrc/float8/casts.cu design: a grid-stride amax pass, then a grid-stride cast walked
 //                 backwards (the amax pass's tail is in L2), two launches, 256 threads, 4 loads in flight;
+//   hints         the two-pass design with L2 cache policies: the amax pass's last part of x kept (evict_last),
+//                 the cast's loads evict_first and its stores streaming (.cs);
 //   onepass-grid  that cast alone with a given scale (what delayed scaling costs);
 //   onepass-chunk a persistent grid, each block streaming one contiguous chunk, U loads in flight per thread;
 //   fused-smem    current scaling in one cooperative launch: each block reads its chunk once for the amax, keeping
@@ -123,6 +125,81 @@ __global__ void __launch_bounds__(256)
     for (int u = 0; u < kLoads; ++u) r[u] = x[nvec - 1 - (i + u * stride)];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) out[nvec - 1 - (i + u * stride)] = cast8(r[u], scale);
+  }
+  for (; i < nvec; i += stride) out[nvec - 1 - i] = cast8(x[nvec - 1 - i], scale);
+}
+
+// ---- the two-pass design with L2 cache hints ----
+// kKeep: the amax pass loads the last `keep` vectors (the ones the backward cast reads first) with an evict_last
+// policy; kStream: the cast pass loads with an evict_first policy (x is dead after it) and stores with st.global.cs,
+// so that neither its reads nor its codes push the kept part of x out of L2 before it is read.
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+__device__ __forceinline__ V8 load_with_policy(const V8* p, uint64_t policy) {
+  uint4 v;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  V8 r;
+  memcpy(&r, &v, sizeof r);
+  return r;
+}
+
+template <bool kKeep>
+__global__ void __launch_bounds__(256)
+    amax_hinted(const V8* __restrict__ x, int64_t nvec, int64_t keep_from, unsigned* g_amax, int* g_bad) {
+  const uint64_t keep = l2_policy_evict_last();
+  float acc = 0.0f;
+  bool bad = false;
+  const int64_t stride = int64_t(gridDim.x) * 256;
+  int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  for (; i + (kLoads - 1) * stride < nvec; i += kLoads * stride) {
+    V8 r[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t v = i + u * stride;
+      r[u] = kKeep && v >= keep_from ? load_with_policy(x + v, keep) : x[v];
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) acc8(r[u], acc, bad);
+  }
+  for (; i < nvec; i += stride) acc8(x[i], acc, bad);
+  reduce_to_global<256>(acc, bad, g_amax, g_bad);
+}
+
+template <bool kStream>
+__global__ void __launch_bounds__(256)
+    cast_hinted(const V8* __restrict__ x, uint2* __restrict__ out, int64_t nvec, const unsigned* g_amax,
+                const int* g_bad) {
+  const float scale = scale_of(__uint_as_float(*g_amax), *g_bad != 0);
+  const uint64_t first = l2_policy_evict_first();
+  const int64_t stride = int64_t(gridDim.x) * 256;
+  int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  for (; i + (kLoads - 1) * stride < nvec; i += kLoads * stride) {
+    V8 r[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t v = nvec - 1 - (i + u * stride);
+      r[u] = kStream ? load_with_policy(x + v, first) : x[v];
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      uint2* o = out + nvec - 1 - (i + u * stride);
+      if (kStream)
+        __stcs(o, cast8(r[u], scale));
+      else
+        *o = cast8(r[u], scale);
+    }
   }
   for (; i < nvec; i += stride) out[nvec - 1 - i] = cast8(x[nvec - 1 - i], scale);
 }
@@ -617,6 +694,33 @@ int main() {
                   3.0 * n / ms / 1e6, 100.0 * floor_ms / ms, ms / floor_ms, check ? (ok ? "bit-exact" : "MISMATCH") : "");
     };
     report("two-pass (shipped)", time_ms(two_pass, 20), false);
+    {  // cache hints; reference: the shipped two-pass codes (in ref)
+      int* bad = reinterpret_cast<int*>(scratch + 1);
+      const int64_t l2_vecs = int64_t(prop.l2CacheSize) / 16;
+      auto hinted = [&](auto amax_kernel, auto cast_kernel, double keep_l2, const char* name) {
+        const int64_t keep_from = std::max<int64_t>(0, nvec - int64_t(keep_l2 * l2_vecs));
+        CHECK(cudaMemset(out, 0, n));
+        report(name, time_ms([&] {
+          CHECK(cudaMemsetAsync(scratch, 0, 16));
+          amax_kernel<<<grid, 256>>>(x, nvec, keep_from, scratch, bad);
+          cast_kernel<<<grid, 256>>>(x, out, nvec, scratch, bad);
+        }, 20), true);
+        CHECK(cudaCtxResetPersistingL2Cache());
+      };
+      hinted(amax_hinted<false>, cast_hinted<false>, 0.0, "two-pass, no hints (this harness)");
+      hinted(amax_hinted<false>, cast_hinted<true>, 0.0, "two-pass, cast streams (evict_first, .cs)");
+      hinted(amax_hinted<true>, cast_hinted<false>, 0.5, "two-pass, amax keeps last 0.5 L2");
+      hinted(amax_hinted<true>, cast_hinted<true>, 0.5, "two-pass, keep 0.5 L2 + cast streams");
+      hinted(amax_hinted<true>, cast_hinted<true>, 0.75, "two-pass, keep 0.75 L2 + cast streams");
+      hinted(amax_hinted<true>, cast_hinted<true>, 1.0, "two-pass, keep 1.0 L2 + cast streams");
+      // evict_last may only hold within the L2 set aside for persisting accesses (none by default)
+      CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, prop.persistingL2CacheMaxSize));
+      std::printf("  (set-aside L2 for persisting accesses: %d MB)\n", prop.persistingL2CacheMaxSize >> 20);
+      hinted(amax_hinted<true>, cast_hinted<false>, 0.5, "  set-aside: amax keeps last 0.5 L2");
+      hinted(amax_hinted<true>, cast_hinted<true>, 0.5, "  set-aside: keep 0.5 L2 + cast streams");
+      hinted(amax_hinted<true>, cast_hinted<true>, 0.75, "  set-aside: keep 0.75 L2 + cast streams");
+      CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0));
+    }
     {
       const float ms = time_ms([&] { amax_grid<<<grid, 256>>>(x, nvec, scratch, reinterpret_cast<int*>(scratch + 1)); }, 20);
       std::printf("  %-40s %.4f ms %6.0f GB/s (read only)\n", "  amax pass alone", ms, 2.0 * n / ms / 1e6);
