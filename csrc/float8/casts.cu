@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "common/checks.h"
 #include "common/multi_tensor_apply.cuh"
@@ -90,31 +91,35 @@ __device__ __forceinline__ void accumulate(float v, float& acc, bool& bad) {
   bad |= !finite;
 }
 
-// (x * scale) clamped to +-max (a NaN product stays NaN, as torch.clamp keeps it), NaN where x is not finite.
-template <bool kE4M3>
-__device__ __forceinline__ float saturated(float x, float scale) {
-  constexpr float kMax = Fp8<kE4M3>::kMax;
-  float p = x * scale;
-  p = p > kMax ? kMax : p;
-  p = p < -kMax ? -kMax : p;
-  return fabsf(x) < INFINITY ? p : __int_as_float(0x7fc00000);
+// x * scale, NaN where x is not finite. The reference's clamp to +-max is encode's: cvt.rn.satfinite writes +-max
+// for every product beyond it, infinities included, and NaN for NaN, as clamp-then-convert does.
+__device__ __forceinline__ float scaled(float x, float scale) {
+  return fabsf(x) < INFINITY ? x * scale : __int_as_float(0x7fc00000);
 }
 
-// Float8 bits of N saturated values, rounded to nearest even (cvt.rn.satfinite on sm_89+, two per instruction;
-// NaN becomes 0x7F, what torch writes for the reference's NaN).
+// N float8 codes as one aligned store (N is 1, 2, 4 or 8: 16 bytes of x).
+template <int N>
+using Codes = std::conditional_t<N == 1, uint8_t,
+                                 std::conditional_t<N == 2, uint16_t, std::conditional_t<N == 4, uint32_t, uint2>>>;
+
+// Float8 codes of N scaled values, saturated and rounded to nearest even (cvt.rn.satfinite on sm_89+, two per
+// instruction; NaN becomes 0x7F, what torch writes for the reference's NaN), packed as stored.
+// NOTE (H200): built byte by byte into a uint8_t[N] (a shift, mask and byte permute per code), the block-per-row
+// cast had 2.5x the instructions of dev/float8/cast_bench.cu's and ran 8192^2 bf16 at 71 us against its 57.
 template <bool kE4M3, int N>
-__device__ __forceinline__ void encode(uint8_t (&out)[N], const float (&p)[N]) {
-  if constexpr (N % 2 == 0) {
-#pragma unroll
-    for (int e = 0; e < N; e += 2) {
-      const __nv_fp8x2_storage_t two =
-          __nv_cvt_float2_to_fp8x2(make_float2(p[e], p[e + 1]), __NV_SATFINITE, Fp8<kE4M3>::kKind);
-      out[e] = static_cast<uint8_t>(two & 0xff);
-      out[e + 1] = static_cast<uint8_t>(two >> 8);
-    }
+__device__ __forceinline__ Codes<N> encode(const float (&p)[N]) {
+  static_assert(N == 1 || N == 2 || N == 4 || N == 8, "16 bytes of x: 1, 2, 4 or 8 elements");
+  constexpr __nv_fp8_interpretation_t kKind = Fp8<kE4M3>::kKind;
+  if constexpr (N == 1) {
+    return __nv_cvt_float_to_fp8(p[0], __NV_SATFINITE, kKind);
   } else {
+    uint32_t pairs[N / 2];
 #pragma unroll
-    for (int e = 0; e < N; ++e) out[e] = __nv_cvt_float_to_fp8(p[e], __NV_SATFINITE, Fp8<kE4M3>::kKind);
+    for (int e = 0; e < N; e += 2)
+      pairs[e / 2] = __nv_cvt_float2_to_fp8x2(make_float2(p[e], p[e + 1]), __NV_SATFINITE, kKind);
+    if constexpr (N == 2) return static_cast<uint16_t>(pairs[0]);
+    if constexpr (N == 4) return pairs[0] | (pairs[1] << 16);
+    if constexpr (N == 8) return make_uint2(pairs[0] | (pairs[1] << 16), pairs[2] | (pairs[3] << 16));
   }
 }
 
@@ -129,25 +134,22 @@ __device__ __forceinline__ Vec<T, VEC> load_vec(const T* row, int64_t i, int64_t
 }
 
 template <int VEC>
-__device__ __forceinline__ void store_codes(uint8_t* dst, const uint8_t (&c)[VEC]) {
-  Vec<uint8_t, VEC> r;
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) r.v[e] = c[e];
-  *reinterpret_cast<Vec<uint8_t, VEC>*>(dst) = r;
+__device__ __forceinline__ void store_codes(uint8_t* dst, Codes<VEC> c) {
+  *reinterpret_cast<Codes<VEC>*>(dst) = c;
 }
 
-// The codes of one vector under one scale (and, with kRecord, its amax into acc/bad).
+// The codes of one vector under one scale (and, with record, its amax into acc/bad).
 template <bool kE4M3, int VEC, typename T>
-__device__ __forceinline__ void cast_vec(uint8_t (&c)[VEC], const Vec<T, VEC>& r, float scale, bool record,
-                                         float& acc, bool& bad) {
+__device__ __forceinline__ Codes<VEC> cast_vec(const Vec<T, VEC>& r, float scale, bool record, float& acc,
+                                               bool& bad) {
   float p[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
     const float v = static_cast<float>(r.v[e]);
-    p[e] = saturated<kE4M3>(v, scale);
+    p[e] = scaled(v, scale);
     if (record) accumulate(v, acc, bad);
   }
-  encode<kE4M3>(c, p);
+  return encode<kE4M3>(p);
 }
 
 // The scale of a tensorwise cast; the leader (one thread of the launch) writes scale_inv, and for current scaling
@@ -289,9 +291,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   // The tail (past the last whole vector) first, then the vectors from the last: memory the amax pass read last.
   for (int64_t e = nvec * VEC + first; e < n; e += stride) {
-    uint8_t c[1];
-    cast_vec<kE4M3, 1>(c, Vec<T, 1>{{x[e]}}, scale, record, acc, bad);
-    out[e] = c[0];
+    out[e] = cast_vec<kE4M3, 1>(Vec<T, 1>{{x[e]}}, scale, record, acc, bad);
   }
   int64_t i = first;
   for (; i + (kLoadsInFlight - 1) * stride < nvec; i += kLoadsInFlight * stride) {
@@ -300,15 +300,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kLoadsInFlight; ++u) r[u] = load_vec<VEC>(x, (nvec - 1 - (i + u * stride)) * VEC, 1);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
-      uint8_t c[VEC];
-      cast_vec<kE4M3>(c, r[u], scale, record, acc, bad);
-      store_codes(out + (nvec - 1 - (i + u * stride)) * VEC, c);
+      store_codes<VEC>(out + (nvec - 1 - (i + u * stride)) * VEC, cast_vec<kE4M3>(r[u], scale, record, acc, bad));
     }
   }
   for (; i < nvec; i += stride) {
-    uint8_t c[VEC];
-    cast_vec<kE4M3>(c, load_vec<VEC>(x, (nvec - 1 - i) * VEC, 1), scale, record, acc, bad);
-    store_codes(out + (nvec - 1 - i) * VEC, c);
+    const Vec<T, VEC> r = load_vec<VEC>(x, (nvec - 1 - i) * VEC, 1);
+    store_codes<VEC>(out + (nvec - 1 - i) * VEC, cast_vec<kE4M3>(r, scale, record, acc, bad));
   }
   if (!record) return;
   reduce_into_scratch(acc, bad, s.scratch_amax, s.scratch_bad);
@@ -406,9 +403,7 @@ __global__ void __launch_bounds__(kThreads, kLanes == 32 ? 3 : (kInRegisters ? 5
       for (int j = 0; j < kRowVecs; ++j) {
         const int64_t v = lane + int64_t(j) * kLanes;
         if (v < nvec) {
-          uint8_t c[VEC];
-          cast_vec<kE4M3>(c, r[j], scale, record, acc, bad);
-          store_codes(outr + v * VEC, c);
+          store_codes<VEC>(outr + v * VEC, cast_vec<kE4M3>(r[j], scale, record, acc, bad));
         }
       }
     } else {
@@ -419,9 +414,7 @@ __global__ void __launch_bounds__(kThreads, kLanes == 32 ? 3 : (kInRegisters ? 5
 #pragma unroll
         for (int j = 0; j < kRowVecs; ++j) {
           if (v0 + j * kLanes < nvec) {
-            uint8_t c[VEC];
-            cast_vec<kE4M3>(c, r[j], scale, record, acc, bad);
-            store_codes(outr + (v0 + j * kLanes) * VEC, c);
+            store_codes<VEC>(outr + (v0 + j * kLanes) * VEC, cast_vec<kE4M3>(r[j], scale, record, acc, bad));
           }
         }
       }
@@ -513,13 +506,12 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const float v = static_cast<float>(r[u].v[e]);
-        p[e] = saturated<kE4M3>(v, col_scale[e]);
+        p[e] = scaled(v, col_scale[e]);
         if (record) accumulate(v, acc[e], bad[e]);
       }
-      uint8_t c[VEC];
-      encode<kE4M3>(c, p);
-      if (write_data) store_codes(out + m * K + k, c);
-      if (write_t) store_codes(&codes[row][swizzled(row, cv * VEC)], c);
+      const Codes<VEC> c = encode<kE4M3>(p);
+      if (write_data) store_codes<VEC>(out + m * K + k, c);
+      if (write_t) store_codes<VEC>(&codes[row][swizzled(row, cv * VEC)], c);
     }
   }
   if (write_t) {
