@@ -9,11 +9,13 @@
 //             (cp.async.bulk into a ring of shared-memory stages completing on mbarriers, one thread issuing);
 //   two-pass  the whole current-scaling cast, each checked bit for bit against the shipped design's codes:
 //             shipped (memset + amax atomics + cast); PDL (the cast launched as a programmatic dependent: its
-//             blocks start as the amax pass's retire, load their first vectors of x, which the amax pass does not
-//             write, and wait at griddepcontrol.wait); partials (no memset: each amax block writes its own partial,
-//             each cast block reduces them after the wait); and partials with each amax reader above.
+//             blocks start as the amax pass's retire and wait at griddepcontrol.wait); partials (no memset: each
+//             amax block writes its own partial, each cast block reduces them after the wait), the cast plain, PDL
+//             waiting first (branch float8-cast-pdl's library design), or PDL loading its first vectors of x (which
+//             the amax pass does not write) before the wait; and partials with each amax reader above.
 //             Each as back-to-back stream launches and as a CUDA-graph replay (capture_step's path).
 #include <functional>
+#include <tuple>
 
 #include "probe_common.cuh"
 
@@ -134,50 +136,68 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- casts (walked backwards: the amax pass's last reads are still in L2) ----
-// kWait: launched as a programmatic dependent of the amax pass; kPartials: the scale from the amax blocks' partials.
-template <bool kWait, bool kPartials>
+// The scale from the amax pass's result, in every thread: its atomics (g_amax, g_bad) or its per-block partials.
+template <bool kPartials>
+__device__ __forceinline__ float scale_after(const unsigned* g_amax, const int* g_bad, const uint2* partials,
+                                             int nparts) {
+  if constexpr (!kPartials) return scale_of(__uint_as_float(*g_amax), *g_bad != 0);
+  __shared__ float s_acc[kThreads / 32];
+  float acc = 0.0f;
+  bool bad = false;
+  for (int p = threadIdx.x; p < nparts; p += kThreads) {
+    const uint2 v = partials[p];
+    acc = fmaxf(acc, __uint_as_float(v.x));
+    bad |= v.y != 0;
+  }
+  bad = __syncthreads_or(bad);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc = fmaxf(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+  if (threadIdx.x % 32 == 0) s_acc[threadIdx.x / 32] = acc;
+  __syncthreads();
+  acc = s_acc[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) acc = fmaxf(acc, s_acc[w]);
+  return scale_of(acc, bad);
+}
+
+// kWait: launched as a programmatic dependent of the amax pass; kPartials: the scale from the amax blocks' partials;
+// kPreload: the first vectors of x loaded before the wait (the amax pass does not write x), else the shipped loop
+// after the wait (the library's design: fewer registers).
+template <bool kWait, bool kPartials, bool kPreload = true>
 __global__ void __launch_bounds__(kThreads)
     cast_after(const V8* __restrict__ x, uint2* __restrict__ out, int64_t nvec, const unsigned* g_amax,
                const int* g_bad, const uint2* partials, int nparts) {
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  V8 r[kCastLoads];
-  bool more = i + (kCastLoads - 1) * stride < nvec;
-  if (more) {
-#pragma unroll
-    for (int u = 0; u < kCastLoads; ++u) r[u] = x[nvec - 1 - (i + u * stride)];  // x: not written by the amax pass
-  }
-  if constexpr (kWait) wait_for_producer();
   float scale;
-  if constexpr (kPartials) {
-    __shared__ float s_acc[kThreads / 32];
-    float acc = 0.0f;
-    bool bad = false;
-    for (int p = threadIdx.x; p < nparts; p += kThreads) {
-      const uint2 v = partials[p];
-      acc = fmaxf(acc, __uint_as_float(v.x));
-      bad |= v.y != 0;
+  if constexpr (!kPreload) {
+    if constexpr (kWait) wait_for_producer();
+    scale = scale_after<kPartials>(g_amax, g_bad, partials, nparts);
+    for (; i + (kCastLoads - 1) * stride < nvec; i += kCastLoads * stride) {
+      V8 r[kCastLoads];
+#pragma unroll
+      for (int u = 0; u < kCastLoads; ++u) r[u] = x[nvec - 1 - (i + u * stride)];
+#pragma unroll
+      for (int u = 0; u < kCastLoads; ++u) out[nvec - 1 - (i + u * stride)] = cast8(r[u], scale);
     }
-    bad = __syncthreads_or(bad);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc = fmaxf(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-    if (threadIdx.x % 32 == 0) s_acc[threadIdx.x / 32] = acc;
-    __syncthreads();
-    acc = s_acc[0];
-#pragma unroll
-    for (int w = 1; w < kThreads / 32; ++w) acc = fmaxf(acc, s_acc[w]);
-    scale = scale_of(acc, bad);
   } else {
-    scale = scale_of(__uint_as_float(*g_amax), *g_bad != 0);
-  }
-  while (more) {
-#pragma unroll
-    for (int u = 0; u < kCastLoads; ++u) out[nvec - 1 - (i + u * stride)] = cast8(r[u], scale);
-    i += kCastLoads * stride;
-    more = i + (kCastLoads - 1) * stride < nvec;
+    V8 r[kCastLoads];
+    bool more = i + (kCastLoads - 1) * stride < nvec;
     if (more) {
 #pragma unroll
       for (int u = 0; u < kCastLoads; ++u) r[u] = x[nvec - 1 - (i + u * stride)];
+    }
+    if constexpr (kWait) wait_for_producer();
+    scale = scale_after<kPartials>(g_amax, g_bad, partials, nparts);
+    while (more) {
+#pragma unroll
+      for (int u = 0; u < kCastLoads; ++u) out[nvec - 1 - (i + u * stride)] = cast8(r[u], scale);
+      i += kCastLoads * stride;
+      more = i + (kCastLoads - 1) * stride < nvec;
+      if (more) {
+#pragma unroll
+        for (int u = 0; u < kCastLoads; ++u) r[u] = x[nvec - 1 - (i + u * stride)];
+      }
     }
   }
   for (; i < nvec; i += stride) out[nvec - 1 - i] = cast8(x[nvec - 1 - i], scale);
@@ -286,12 +306,12 @@ int main() {
     BULK(3, 65536)
 
     // ---- the whole current-scaling cast ----
-    const int cast_grid_blocks = resident_grid<cast_after<false, false>>(sms, 0, work);
+    const int cast_grid_blocks = resident_grid<cast_after<false, false, false>>(sms, 0, work);
     const int amax_blocks = resident_grid<amax_grid_u<4, false, false>>(sms, 0, work);
     auto shipped = [&](uint2* dst) {
       CHECK(cudaMemsetAsync(scratch, 0, 8, st));
       launch(amax_grid_u<4, false, false>, amax_blocks, 0, st, false, x, nvec, scratch, bad, partials);
-      launch(cast_after<false, false>, cast_grid_blocks, 0, st, false, x, dst, nvec, (const unsigned*)scratch,
+      launch(cast_after<false, false, false>, cast_grid_blocks, 0, st, false, x, dst, nvec, (const unsigned*)scratch,
              (const int*)bad, (const uint2*)partials, 0);
     };
     shipped(ref);
@@ -334,7 +354,7 @@ int main() {
     report("memset + amax U4 + PDL cast", [&] {
       CHECK(cudaMemsetAsync(scratch, 0, 8, st));
       launch(amax_grid_u<4, false, false>, amax_blocks, 0, st, false, x, nvec, scratch, bad, partials);
-      launch(cast_after<true, false>, cast_grid_blocks, 0, st, true, x, out, nvec, (const unsigned*)scratch,
+      launch(cast_after<true, false, false>, cast_grid_blocks, 0, st, true, x, out, nvec, (const unsigned*)scratch,
              (const int*)bad, (const uint2*)partials, 0);
     });
 #define PARTIALS(NAME, KERNEL, SMEM)                                                                          \
@@ -343,17 +363,20 @@ int main() {
     CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));                        \
     const int g = resident_grid<KERNEL>(sms, SMEM, work);                                                     \
     const int cast_g = resident_grid<cast_after<true, true>>(sms, 0, work);                                   \
-    for (int pdl = 0; pdl < 2; ++pdl) {                                                                       \
+    const int cast_g_wait_first = resident_grid<cast_after<true, true, false>>(sms, 0, work);                  \
+    const auto pointers = std::make_tuple(x, out, nvec, (const unsigned*)scratch, (const int*)bad,             \
+                                          (const uint2*)partials, g);                                         \
+    for (int variant = 0; variant < 3; ++variant) {                                                           \
+      static const char* kCasts[] = {"plain", "PDL, x preloaded", "PDL, wait first"};                         \
       char name[96];                                                                                          \
-      std::snprintf(name, sizeof name, "partials %s + %s cast", NAME, pdl ? "PDL" : "plain");                 \
+      std::snprintf(name, sizeof name, "partials %s + %s cast", NAME, kCasts[variant]);                       \
       report(name, [&] {                                                                                      \
         launch(k, g, SMEM, st, false, x, nvec, scratch, bad, partials);                                       \
-        if (pdl)                                                                                              \
-          launch(cast_after<true, true>, cast_g, 0, st, true, x, out, nvec, (const unsigned*)scratch, \
-                 (const int*)bad, (const uint2*)partials, g);                                                 \
-        else                                                                                                  \
-          launch(cast_after<false, true>, cast_g, 0, st, false, x, out, nvec,                       \
-                 (const unsigned*)scratch, (const int*)bad, (const uint2*)partials, g);                       \
+        std::apply([&](auto... a) {                                                                           \
+          if (variant == 0) launch(cast_after<false, true>, cast_g, 0, st, false, a...);                      \
+          if (variant == 1) launch(cast_after<true, true>, cast_g, 0, st, true, a...);                        \
+          if (variant == 2) launch(cast_after<true, true, false>, cast_g_wait_first, 0, st, true, a...);      \
+        }, pointers);                                                                                         \
       });                                                                                                     \
     }                                                                                                         \
   }
