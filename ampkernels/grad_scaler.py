@@ -129,7 +129,8 @@ class FusedGradScaler(GradScaler):
     Extras (keyword-only; the defaults give stock behaviour):
         hysteresis: back off only after this many overflowing steps since the last growth (Megatron-LM). Default 1.
         min_scale: the scale never drops below it. Default 2**-126 (stock would halve on to 0, then skip forever).
-        max_scale: the scale never grows above it. Default: unbounded (stock).
+        max_scale: the scale never grows above it. Default: unbounded (stock). ``init_scale`` must lie within
+            the bounds given (ValueError otherwise).
         telemetry: keep a device-side history of the scale, the update and skip counts, and the last gradient
             norm; read back only by :meth:`telemetry`.
         history_size: length of the scale history ring buffer.
@@ -182,6 +183,11 @@ class FusedGradScaler(GradScaler):
             raise ValueError(f"FusedGradScaler: max_scale must be > 0, got {max_scale!r}")
         if min_scale is not None and max_scale is not None and min_scale > max_scale:
             raise ValueError(f"FusedGradScaler: min_scale ({min_scale}) is above max_scale ({max_scale})")
+        # The bounds hold from the first step: a scale outside them would only be pulled back by an update.
+        if min_scale is not None and init_scale < min_scale:
+            raise ValueError(f"FusedGradScaler: init_scale ({init_scale}) is below min_scale ({min_scale})")
+        if max_scale is not None and init_scale > max_scale:
+            raise ValueError(f"FusedGradScaler: init_scale ({init_scale}) is above max_scale ({max_scale})")
         if not (isinstance(history_size, int) and not isinstance(history_size, bool) and history_size >= 1):
             raise ValueError(f"FusedGradScaler: history_size must be an int >= 1, got {history_size!r}")
         dispatch.check_backend("unscale_reduce_", backend)

@@ -115,6 +115,25 @@ def test_invalid_init_scale_raises_value_error(device, init_scale):
         FusedGradScaler(device, init_scale=init_scale)
 
 
+@pytest.mark.parametrize(
+    ("bounds", "message"),
+    [
+        ({"min_scale": 2.0**17}, r"init_scale \(65536.0\) is below min_scale"),
+        ({"max_scale": 2.0**15}, r"init_scale \(65536.0\) is above max_scale"),
+        ({"min_scale": 1.0, "max_scale": 2.0**10}, r"init_scale \(65536.0\) is above max_scale"),
+    ],
+)
+def test_init_scale_outside_the_bounds_raises_value_error(device, bounds, message):
+    with pytest.raises(ValueError, match=message):
+        FusedGradScaler(device, **bounds)
+
+
+def test_init_scale_on_or_inside_the_bounds_is_accepted(device):
+    assert FusedGradScaler(device, min_scale=2.0**16).get_scale() == 2.0**16
+    assert FusedGradScaler(device, max_scale=2.0**16).get_scale() == 2.0**16
+    assert FusedGradScaler(device, init_scale=8.0, min_scale=1.0, max_scale=2.0**10).get_scale() == 8.0
+
+
 def test_disabled_scaler_behaves_like_stock_disabled(device):
     ours, stock = FusedGradScaler(device, enabled=False), Stock(device, enabled=False)
     assert not ours.is_enabled()
