@@ -43,16 +43,8 @@ __device__ __forceinline__ void publish(float acc, bool bad, unsigned* g_amax, i
   if constexpr (!kPartials) {
     reduce_to_global<kThreads>(acc, bad, g_amax, g_bad);
   } else {
-    __shared__ float s_acc[kThreads / 32];
-    bad = __syncthreads_or(bad);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc = fmaxf(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-    if (threadIdx.x % 32 == 0) s_acc[threadIdx.x / 32] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < kThreads / 32; ++w) acc = fmaxf(acc, s_acc[w]);
-      partials[blockIdx.x] = make_uint2(__float_as_uint(acc), bad ? 1u : 0u);
-    }
+    acc = block_max<kThreads>(acc, bad);
+    if (threadIdx.x == 0) partials[blockIdx.x] = make_uint2(__float_as_uint(acc), bad ? 1u : 0u);
   }
 }
 
@@ -141,7 +133,6 @@ template <bool kPartials>
 __device__ __forceinline__ float scale_after(const unsigned* g_amax, const int* g_bad, const uint2* partials,
                                              int nparts) {
   if constexpr (!kPartials) return scale_of(__uint_as_float(*g_amax), *g_bad != 0);
-  __shared__ float s_acc[kThreads / 32];
   float acc = 0.0f;
   bool bad = false;
   for (int p = threadIdx.x; p < nparts; p += kThreads) {
@@ -149,14 +140,7 @@ __device__ __forceinline__ float scale_after(const unsigned* g_amax, const int* 
     acc = fmaxf(acc, __uint_as_float(v.x));
     bad |= v.y != 0;
   }
-  bad = __syncthreads_or(bad);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc = fmaxf(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-  if (threadIdx.x % 32 == 0) s_acc[threadIdx.x / 32] = acc;
-  __syncthreads();
-  acc = s_acc[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) acc = fmaxf(acc, s_acc[w]);
+  acc = block_max<kThreads>(acc, bad);
   return scale_of(acc, bad);
 }
 
@@ -239,19 +223,7 @@ int main() {
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
   cudaStream_t st;
   CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  double copy_gbs = 0.0;
-  {
-    const size_t bytes = size_t(1) << 30;
-    void *a, *b;
-    CHECK(cudaMalloc(&a, bytes));
-    CHECK(cudaMalloc(&b, bytes));
-    CHECK(cudaMemset(a, 1, bytes));
-    const float ms = time_ms([&] { CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st)); }, 10, st);
-    copy_gbs = 2.0 * bytes / ms / 1e6;
-    std::printf("copy 1 GiB: %.4f ms, %.0f GB/s (read + write)\n", ms, copy_gbs);
-    CHECK(cudaFree(a));
-    CHECK(cudaFree(b));
-  }
+  const double copy_gbs = copy_bandwidth(st);
   const int64_t shapes[][2] = {{8192, 8192}, {16384, 8192}, {16384, 2048}, {4096, 4096}};
   for (auto& s : shapes) {
     const int64_t n = s[0] * s[1], nvec = n / 8;

@@ -519,20 +519,7 @@ int main() {
   CHECK(cudaGetDeviceProperties(&prop, dev));
   std::printf("%s, %d SMs, L2 %d MB, cooperative %d, smem/block optin %zu KB\n", prop.name, sms,
               prop.l2CacheSize >> 20, coop, prop.sharedMemPerBlockOptin >> 10);
-  // The ceiling: a 1 GiB device-to-device copy, bytes read + written.
-  double copy_gbs = 0.0;
-  {
-    const size_t bytes = size_t(1) << 30;
-    void *a, *b;
-    CHECK(cudaMalloc(&a, bytes));
-    CHECK(cudaMalloc(&b, bytes));
-    CHECK(cudaMemset(a, 1, bytes));
-    const float ms = time_ms([&] { CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 10);
-    copy_gbs = 2.0 * bytes / ms / 1e6;
-    std::printf("copy 1 GiB: %.4f ms, %.0f GB/s (read + write)\n", ms, copy_gbs);
-    CHECK(cudaFree(a));
-    CHECK(cudaFree(b));
-  }
+  const double copy_gbs = copy_bandwidth();
   const int64_t shapes[][2] = {{8192, 8192}, {16384, 2048}, {16384, 8192}, {2048, 2048}, {4096, 4096}};
   for (auto& s : shapes) {
     const int64_t n = s[0] * s[1], nvec = n / 8;

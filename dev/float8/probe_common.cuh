@@ -60,16 +60,25 @@ __device__ __forceinline__ float scale_of(float amax, bool bad) {
   return bad ? 1.0f : __frcp_rn(fmaxf(amax, 1e-12f)) * 448.0f;
 }
 
+// The block's max of acc and `or` of bad, in every thread (one call per kernel: s_acc is not reused).
 template <int kThreads>
-__device__ __forceinline__ void reduce_to_global(float acc, bool bad, unsigned* g_amax, int* g_bad) {
+__device__ __forceinline__ float block_max(float acc, bool& bad) {
   __shared__ float s_acc[kThreads / 32];
   bad = __syncthreads_or(bad);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) acc = fmaxf(acc, __shfl_xor_sync(0xffffffffu, acc, o));
   if (threadIdx.x % 32 == 0) s_acc[threadIdx.x / 32] = acc;
   __syncthreads();
+  acc = s_acc[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) acc = fmaxf(acc, s_acc[w]);
+  return acc;
+}
+
+template <int kThreads>
+__device__ __forceinline__ void reduce_to_global(float acc, bool bad, unsigned* g_amax, int* g_bad) {
+  acc = block_max<kThreads>(acc, bad);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) acc = fmaxf(acc, s_acc[w]);
     atomicMax(g_amax, __float_as_uint(acc));
     if (bad) atomicOr(g_bad, 1);
   }
@@ -112,4 +121,19 @@ __global__ void fill(V8* x, int64_t nvec, uint32_t seed) {
     }
     x[i] = r;
   }
+}
+
+// The ceiling: a 1 GiB device-to-device copy on `stream`, GB/s of bytes read + written (printed).
+inline double copy_bandwidth(cudaStream_t stream = 0) {
+  const size_t bytes = size_t(1) << 30;
+  void *a, *b;
+  CHECK(cudaMalloc(&a, bytes));
+  CHECK(cudaMalloc(&b, bytes));
+  CHECK(cudaMemset(a, 1, bytes));
+  const float ms = time_ms([&] { CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); }, 10, stream);
+  const double gbs = 2.0 * bytes / ms / 1e6;
+  std::printf("copy 1 GiB: %.4f ms, %.0f GB/s (read + write)\n", ms, gbs);
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(b));
+  return gbs;
 }
