@@ -109,6 +109,39 @@ def _takes_grad_scaler(step: Callable) -> bool:
     return "grad_scaler" in inspect.signature(step).parameters
 
 
+def _float32(value: float) -> float:
+    """``value`` as the float32 scale holds it: inf beyond float32's range, 0.0 below its smallest subnormal."""
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond even float64
+        v = math.inf if value > 0 else -math.inf
+    return float(torch.tensor(v, dtype=torch.float64).float())
+
+
+def _valid_scale(value: float) -> bool:
+    """Whether ``value``, stored in the float32 scale, is finite and > 0 (1e-50 is > 0 but stored as 0.0)."""
+    v = _float32(value)
+    return math.isfinite(v) and v > 0
+
+
+def _scale_bounds(min_scale: float | None, max_scale: float | None) -> tuple[float, float]:
+    """The bounds the scale update clamps to (min_scale defaults to 2**-126), as the float32 values it uses."""
+    lo = reference.FLOAT32_TINY if min_scale is None else min_scale
+    return _float32(lo), (math.inf if max_scale is None else _float32(max_scale))
+
+
+def _bounds_problem(value: float, min_scale: float | None, max_scale: float | None) -> str | None:
+    """Why a (valid) scale ``value`` may not be set: outside the bounds, the next update would move it the wrong
+    way (an overflow would raise it to min_scale, a clean step cut it to max_scale). None when it lies within."""
+    lo, hi = _scale_bounds(min_scale, max_scale)
+    v = _float32(value)
+    if v < lo:
+        return f"is below min_scale ({reference.FLOAT32_TINY if min_scale is None else min_scale})"
+    if v > hi:
+        return f"is above max_scale ({max_scale})"
+    return None
+
+
 def _params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
@@ -129,8 +162,9 @@ class FusedGradScaler(GradScaler):
     Extras (keyword-only; the defaults give stock behaviour):
         hysteresis: back off only after this many overflowing steps since the last growth (Megatron-LM). Default 1.
         min_scale: the scale never drops below it. Default 2**-126 (stock would halve on to 0, then skip forever).
-        max_scale: the scale never grows above it. Default: unbounded (stock). ``init_scale`` must lie within
-            the bounds given (ValueError otherwise).
+        max_scale: the scale never grows above it. Default: unbounded (stock). ``init_scale``,
+            ``update(new_scale)`` and a loaded ``scale`` must lie within the bounds (with the default 2**-126 floor;
+            ValueError otherwise): outside them the next update would move the scale the wrong way.
         telemetry: keep a device-side history of the scale, the update and skip counts, and the last gradient
             norm; read back only by :meth:`telemetry`.
         history_size: length of the scale history ring buffer.
@@ -171,7 +205,7 @@ class FusedGradScaler(GradScaler):
         backend: str | None = None,
         process_group: Any = None,
     ) -> None:
-        if not (isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale > 0):
+        if not (isinstance(init_scale, (int, float)) and _valid_scale(init_scale)):
             raise ValueError(f"FusedGradScaler: init_scale must be a finite number > 0, got {init_scale!r}")
         if not (isinstance(growth_interval, int) and growth_interval >= 1):
             raise ValueError(f"FusedGradScaler: growth_interval must be an int >= 1, got {growth_interval!r}")
@@ -183,11 +217,11 @@ class FusedGradScaler(GradScaler):
             raise ValueError(f"FusedGradScaler: max_scale must be > 0, got {max_scale!r}")
         if min_scale is not None and max_scale is not None and min_scale > max_scale:
             raise ValueError(f"FusedGradScaler: min_scale ({min_scale}) is above max_scale ({max_scale})")
-        # The bounds hold from the first step: a scale outside them would only be pulled back by an update.
-        if min_scale is not None and init_scale < min_scale:
-            raise ValueError(f"FusedGradScaler: init_scale ({init_scale}) is below min_scale ({min_scale})")
-        if max_scale is not None and init_scale > max_scale:
-            raise ValueError(f"FusedGradScaler: init_scale ({init_scale}) is above max_scale ({max_scale})")
+        # The bounds (given, or the default floor 2**-126) hold from the first step: a scale outside them would be
+        # moved the wrong way by the next update.
+        problem = _bounds_problem(init_scale, min_scale, max_scale)
+        if problem is not None:
+            raise ValueError(f"FusedGradScaler: init_scale ({init_scale}) {problem}")
         if not (isinstance(history_size, int) and not isinstance(history_size, bool) and history_size >= 1):
             raise ValueError(f"FusedGradScaler: history_size must be an int >= 1, got {history_size!r}")
         dispatch.check_backend("unscale_reduce_", backend)
@@ -375,12 +409,15 @@ class FusedGradScaler(GradScaler):
         return apply_scale(outputs)
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
-        # Kept for code that calls the stock internal directly: v = g * 1 * inv_scale is exactly g * inv_scale.
+        # Kept for code that calls the stock internal directly: v = g * 1 * inv_scale is exactly g * inv_scale. As
+        # stock, found_inf is not written: each device's flag starts from a copy of it, set to 1 by a non-finite grad.
         one = torch.ones((), dtype=torch.float32, device=inv_scale.device)
         found_per_device, _ = self._fused_pass(optimizer, write=True, scale=one, factor=inv_scale)
-        for found in found_per_device.values():
-            found_inf.add_(found.to(found_inf.device))
-        return found_per_device
+        flags = {}
+        for device, found in found_per_device.items():
+            flag = found_inf.to(device=device, copy=True)
+            flags[device] = flag.masked_fill_(found.reshape(()) != 0, 1.0)
+        return flags
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         # Stock multiplies every gradient by 1.0 to find infs; a read-only pass finds the same at half the traffic.
@@ -563,9 +600,10 @@ class FusedGradScaler(GradScaler):
         """As :meth:`torch.amp.GradScaler.update`, on one device kernel (plus hysteresis, bounds, telemetry).
 
         ``new_scale`` (optional) sets the scale: a number, or a 1-element float tensor without grad on the scale's
-        device or on the CPU. It must be finite and > 0: a number or a CPU tensor that is not raises ValueError.
-        The value of a tensor on the scale's device is checked on the device (reading it on the host would
-        synchronize): an invalid one leaves the scale unchanged, as an overflowing step does.
+        device or on the CPU. As the float32 the scale holds, it must be finite and > 0 and lie within
+        ``[min_scale, max_scale]`` (min_scale defaults to 2**-126): a number or a CPU tensor that does not raises
+        ValueError. The value of a tensor on the scale's device is checked on the device (reading it on the host
+        would synchronize): an invalid one leaves the scale unchanged, as an overflowing step does.
         """
         if not self._enabled:
             return
@@ -599,13 +637,17 @@ class FusedGradScaler(GradScaler):
         )
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
-    @staticmethod
-    @staticmethod
-    def _set_scale(scale: torch.Tensor, new_scale: float | torch.Tensor) -> None:
+    def _check_host_scale(self, value: float) -> float:
+        if not _valid_scale(value):
+            raise ValueError(f"FusedGradScaler.update: new_scale must be finite and > 0, got {value}")
+        problem = _bounds_problem(value, self._min_scale, self._max_scale)
+        if problem is not None:
+            raise ValueError(f"FusedGradScaler.update: new_scale ({value}) {problem}")
+        return float(value)
+
+    def _set_scale(self, scale: torch.Tensor, new_scale: float | torch.Tensor) -> None:
         if isinstance(new_scale, (int, float)) and not isinstance(new_scale, bool):
-            if not (math.isfinite(new_scale) and new_scale > 0):
-                raise ValueError(f"FusedGradScaler.update: new_scale must be finite and > 0, got {new_scale}")
-            scale.fill_(float(new_scale))
+            scale.fill_(self._check_host_scale(new_scale))
             return
         # Stock's error (type and message) for a tensor of the wrong kind.
         reason = (
@@ -619,13 +661,12 @@ class FusedGradScaler(GradScaler):
         if new_scale.numel() != 1 or new_scale.requires_grad:
             raise AssertionError(reason)
         if new_scale.device.type == "cpu":
-            value = float(new_scale)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"FusedGradScaler.update: new_scale must be finite and > 0, got {value}")
-            scale.fill_(value)
+            scale.fill_(self._check_host_scale(float(new_scale)))
         else:
+            lo, hi = _scale_bounds(self._min_scale, self._max_scale)
             new = new_scale.reshape(()).to(torch.float32)
-            scale.copy_(torch.where(torch.isfinite(new) & (new > 0), new, scale))
+            valid = torch.isfinite(new) & (new > 0) & (new >= lo) & (new <= hi)
+            scale.copy_(torch.where(valid, new, scale))
 
     # ---- extras ----
 
@@ -692,9 +733,18 @@ class FusedGradScaler(GradScaler):
                     f"FusedGradScaler.load_state_dict: key '{key}' must be {' or '.join(t.__name__ for t in types)}, "
                     f"got {type(state_dict[key]).__name__}"
                 )
+        self._check_extras(state_dict)
         scale = float(state_dict["scale"])
-        if not (math.isfinite(scale) and scale > 0):
+        if not _valid_scale(scale):
             raise ValueError(f"FusedGradScaler.load_state_dict: key 'scale' must be finite and > 0, got {scale}")
+        # Within the bounds the scaler has after loading: the checkpoint's, when it carries them.
+        if "hysteresis" in state_dict:
+            bounds = state_dict.get("min_scale"), state_dict.get("max_scale")
+        else:
+            bounds = self._min_scale, self._max_scale
+        problem = _bounds_problem(scale, *bounds)
+        if problem is not None:
+            raise ValueError(f"FusedGradScaler.load_state_dict: key 'scale' ({scale}) {problem}")
         for key, low in (("growth_interval", 1), ("_growth_tracker", 0)):
             if int(state_dict[key]) < low:
                 raise ValueError(
@@ -705,7 +755,6 @@ class FusedGradScaler(GradScaler):
                 raise ValueError(
                     f"FusedGradScaler.load_state_dict: key '{key}' must be finite and > 0, got {state_dict[key]}"
                 )
-        self._check_extras(state_dict)
         super().load_state_dict(state_dict)
         if "hysteresis" in state_dict:
             self._hysteresis = int(state_dict["hysteresis"])
@@ -726,8 +775,16 @@ class FusedGradScaler(GradScaler):
         for key in ("min_scale", "max_scale"):
             value = state_dict.get(key)
             ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
+            if key == "min_scale" and ok and value is not None:
+                ok = math.isfinite(value)  # as the constructor requires
             if not ok:
-                raise ValueError(f"FusedGradScaler.load_state_dict: key '{key}' must be None or > 0, got {value!r}")
+                what = "None or finite and > 0" if key == "min_scale" else "None or > 0"
+                raise ValueError(f"FusedGradScaler.load_state_dict: key '{key}' must be {what}, got {value!r}")
+        low, high = state_dict.get("min_scale"), state_dict.get("max_scale")
+        if low is not None and high is not None and low > high:
+            raise ValueError(
+                f"FusedGradScaler.load_state_dict: key 'min_scale' ({low}) is above key 'max_scale' ({high})"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

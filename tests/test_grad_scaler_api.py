@@ -16,6 +16,7 @@ from grad_scaler_common import (
     INF,
     Scenario,
     Stock,
+    assert_bitwise_equal,
     assert_same_error,
     assert_same_trajectory,
     error_of,
@@ -254,6 +255,51 @@ def test_update_with_an_invalid_device_scale_keeps_the_scale(value):
     assert scaler._per_optimizer_states == {}  # the iteration is over, as after stock's update(new_scale)
 
 
+@pytest.mark.parametrize(
+    ("bounds", "new", "message"),
+    [
+        ({}, 1e-50, "new_scale must be finite and > 0"),  # > 0 as a double, 0.0 once stored in the float32 scale
+        ({}, 2.0**-130, r"new_scale \(7.*e-40\) is below min_scale \(1.17.*e-38\)"),  # the default floor, 2**-126
+        ({"min_scale": 4.0}, 1.0, r"new_scale \(1.0\) is below min_scale \(4.0\)"),
+        ({"max_scale": 2.0**10}, 3000.0, r"new_scale \(3000.0\) is above max_scale \(1024.0\)"),
+    ],
+    ids=["float32_underflow", "below_default_floor", "below_min_scale", "above_max_scale"],
+)
+@pytest.mark.parametrize("kind", ["float", "cpu_tensor"])
+def test_update_rejects_a_host_scale_outside_the_bounds(device, bounds, new, message, kind):
+    """A scale set outside [min_scale, max_scale] would make the next update move it the wrong way: an overflow
+    would raise it to min_scale, a clean step would cut it to max_scale."""
+    scaler, opt = misuse_setup(lambda d, **kw: FusedGradScaler(d, **kw, **bounds), device)
+    scaler.step(opt)
+    with pytest.raises(ValueError, match=message):
+        scaler.update(new if kind == "float" else torch.tensor(new, dtype=torch.float64))
+    assert scaler.get_scale() == 2.0**8
+
+
+@pytest.mark.parametrize(
+    ("init_scale", "message"),
+    [
+        (1e-50, "init_scale must be a finite number > 0"),  # 0.0 in float32
+        (1e39, "init_scale must be a finite number > 0"),  # inf in float32
+        (2.0**-130, r"init_scale \(7.*e-40\) is below min_scale \(1.17.*e-38\)"),
+    ],
+    ids=["float32_underflow", "float32_overflow", "below_default_floor"],
+)
+def test_init_scale_outside_float32_or_the_default_floor_raises_value_error(device, init_scale, message):
+    with pytest.raises(ValueError, match=message):
+        FusedGradScaler(device, init_scale=init_scale)
+
+
+@pytest.mark.gpu
+def test_update_with_a_device_scale_outside_the_bounds_keeps_the_scale():
+    device = "cuda"
+    for bounds, value in (({"min_scale": 4.0}, 1.0), ({"max_scale": 2.0**10}, 3000.0), ({}, 2.0**-130)):
+        scaler, opt = misuse_setup(lambda d, b=bounds, **kw: FusedGradScaler(d, **kw, **b), device)
+        scaler.step(opt)
+        scaler.update(torch.tensor(value, device=device))
+        assert scaler.get_scale() == 2.0**8, (bounds, value)
+
+
 def test_update_with_a_valid_host_scale_sets_it(device):
     for new in (3.0, 5, torch.tensor(0.25)):
         scaler = _stepped(device)
@@ -265,3 +311,26 @@ def test_update_with_a_valid_host_scale_sets_it(device):
 def test_history_size_must_be_a_positive_int(history_size):
     with pytest.raises(ValueError, match="history_size must be an int >= 1"):
         FusedGradScaler("cpu", telemetry=True, history_size=history_size)
+
+
+@pytest.mark.parametrize(("poisoned", "start"), [(True, 0.0), (False, 0.0), (False, 1.0)])
+def test_unscale_grads_internal_matches_stock(device, poisoned, start):
+    """Code that calls stock's internal ``_unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)`` gets the
+    unscaled gradients and, per device, a flag that starts from a copy of ``found_inf`` (set to 1 by a non-finite
+    gradient); ``found_inf`` itself is left as it was."""
+    results = []
+    for cls in (FusedGradScaler, Stock):
+        scaler, opt = misuse_setup(cls, device)
+        params = [p for group in opt.param_groups for p in group["params"]]
+        if poisoned:
+            params[0].grad[1, 2] = INF
+        found_inf = torch.full((1,), start, device=device)
+        flags = scaler._unscale_grads_(opt, torch.full((), 2.0**-8, device=device), found_inf, True)
+        results.append((found_inf, flags, [p.grad.detach().clone() for p in params]))
+    (ours_found, ours_flags, ours_grads), (stock_found, stock_flags, stock_grads) = results
+    assert_bitwise_equal(ours_found, stock_found, "found_inf")
+    assert ours_flags.keys() == stock_flags.keys()
+    for d in stock_flags:
+        assert_bitwise_equal(ours_flags[d], stock_flags[d], f"flag on {d}")
+    for i, (o, s) in enumerate(zip(ours_grads, stock_grads, strict=True)):
+        assert_bitwise_equal(o, s, f"grad {i}")

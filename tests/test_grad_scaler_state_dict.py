@@ -131,10 +131,50 @@ def test_load_state_dict_with_out_of_range_value_names_the_key(device, key, valu
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("hysteresis", 0), ("hysteresis", "2"), ("_hysteresis_tracker", -1), ("min_scale", -1.0), ("max_scale", "inf")],
+    [
+        ("hysteresis", 0),
+        ("hysteresis", "2"),
+        ("_hysteresis_tracker", -1),
+        ("min_scale", -1.0),
+        ("max_scale", "inf"),
+        ("min_scale", math.inf),
+        ("max_scale", 0.5),  # below the checkpoint's min_scale (1.0)
+    ],
 )
 def test_load_state_dict_with_bad_extras_names_the_key(device, key, value):
     sd = FusedGradScaler(device, hysteresis=2, min_scale=1.0, max_scale=2.0**20).state_dict()
     sd[key] = value
     with pytest.raises(ValueError, match=key_pattern(key)):
         FusedGradScaler(device).load_state_dict(sd)
+
+
+@pytest.mark.parametrize(
+    ("source_bounds", "bounds", "scale", "message"),
+    [
+        (None, {}, 1e-50, "finite and > 0"),  # > 0 as a double, 0.0 in the float32 scale
+        (None, {}, 2.0**-130, r"below min_scale \(1.17.*e-38\)"),  # the default floor, 2**-126
+        (None, {"min_scale": 4.0}, 1.0, r"below min_scale \(4.0\)"),
+        (None, {"max_scale": 2.0**10}, 3000.0, r"above max_scale \(1024.0\)"),
+        ({"min_scale": 2.0, "max_scale": 2.0**12}, {}, 1.0, r"below min_scale \(2.0\)"),  # the checkpoint's bounds
+    ],
+    ids=["float32_underflow", "below_default_floor", "below_min_scale", "above_max_scale", "checkpoint_bounds"],
+)
+def test_load_state_dict_with_a_scale_outside_the_bounds_names_the_key(device, source_bounds, bounds, scale, message):
+    """Stock's checkpoints carry no bounds: the scale must lie within the loading scaler's; ours with bounds carry
+    theirs, which the scaler takes over (and which the scale must lie within)."""
+    source = Stock(device) if source_bounds is None else FusedGradScaler(device, init_scale=2.0**4, **source_bounds)
+    sd = source.state_dict()
+    sd["scale"] = scale
+    scaler = FusedGradScaler(device, init_scale=8.0, **bounds)
+    with pytest.raises(ValueError, match=key_pattern("scale") + ".*" + message):
+        scaler.load_state_dict(sd)
+    assert scaler.get_scale() == 8.0
+
+
+def test_load_state_dict_takes_a_scale_within_the_checkpoints_bounds(device):
+    sd = FusedGradScaler(device, init_scale=2.0**4, min_scale=0.5, max_scale=2.0**12).state_dict()
+    sd["scale"] = 1.0
+    scaler = FusedGradScaler(device, init_scale=8.0, min_scale=4.0)  # below this scaler's bound, within the source's
+    scaler.load_state_dict(sd)
+    assert scaler.get_scale() == 1.0
+    assert drive(scaler, device, "o")[0] == [0.5]
