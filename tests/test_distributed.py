@@ -6,15 +6,12 @@ each other and with a single-process run over the same numbers.
 
 from __future__ import annotations
 
-import faulthandler
 import math
-import os
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from distributed_harness import needs_two_gpus, run_ranks
 
 from ampkernels import FusedGradScaler
 
@@ -24,10 +21,6 @@ OVERFLOW_STEP = 2  # on this step one gradient of rank 1 alone holds an inf
 SHAPES = [(37,), (64, 33), (1000,), (5, 7), (16385,), (3,), (129, 2), (8,)]
 INIT_SCALE = 2.0**10
 MAX_NORM = 1.0
-
-needs_two_gpus = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
-)
 
 
 def _params(indices, device):
@@ -156,36 +149,8 @@ SCENARIOS = {
 }
 
 
-def _worker(rank, world, init_file, backend, scenario, kind, out_dir):
-    faulthandler.enable()  # an abort prints every thread's Python stack into the test's captured stderr
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        result = SCENARIOS[scenario](rank, world, device, kind)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()  # every rank past its last collective before any tears its connections down
-    finally:
-        dist.destroy_process_group()
-    # Leave without interpreter finalization. The group outlives destroy_process_group here
-    # (torch.distributed.nn.functional, imported lazily after init, keeps group.WORLD in its default arguments), so
-    # its gloo threads, and the 8 autograd device threads FSDP2 starts, are still running at exit; a C++ thread that
-    # touches a Python object during finalization aborts with "terminate called without an active exception"
-    # (pytorch/pytorch#190489), intermittently. faulthandler above records the stacks should one happen earlier.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def _run(tmp_path, scenario, backend="gloo", kind="sgd"):
-    mp.spawn(
-        _worker,
-        args=(WORLD, str(tmp_path / "store"), backend, scenario, kind, str(tmp_path)),
-        nprocs=WORLD,
-        join=True,
-    )
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    return run_ranks(tmp_path, SCENARIOS[scenario], kind, world=WORLD, backend=backend)
 
 
 def _single_process_reference(kind):

@@ -12,14 +12,11 @@ FusedAdamW; that the all-gathers carried FP8 codes, and how many amax reductions
 from __future__ import annotations
 
 import copy
-import faulthandler
 import os
-import sys
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from distributed_harness import needs_two_gpus, run_ranks
 from torch import nn
 
 from ampkernels import FusedAdamW
@@ -31,10 +28,6 @@ WORLD = 2
 STEPS = 4
 GLOBAL_BATCH = 64
 E4M3 = torch.float8_e4m3fn
-
-needs_two_gpus = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
-)
 
 
 class _Net(nn.Module):
@@ -143,31 +136,15 @@ def _sharded(rank: int, world: int, kind: str, precompute: bool, device: torch.d
     return record
 
 
-def _worker(rank, world, init_file, backend, kind, precompute, out_dir, compiled):
-    faulthandler.enable()
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        torch.set_num_threads(1)  # two ranks on a 2-core runner
-        result = {"sharded": _sharded(rank, world, kind, precompute, device, compiled)}
-        if rank == 0:
-            result["unsharded"] = _unsharded(kind, world, device)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    # As tests/test_lowbit_fsdp.py: leave without interpreter finalization (FSDP2's and gloo's threads still run).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def _sharded_and_reference(rank, world, device, kind, precompute, compiled):
+    result = {"sharded": _sharded(rank, world, kind, precompute, device, compiled)}
+    if rank == 0:
+        result["unsharded"] = _unsharded(kind, world, device)
+    return result
 
 
 def _run(tmp_path, kind: str, precompute: bool, backend: str = "gloo", world: int = WORLD, compiled: bool = False):
-    args = (world, str(tmp_path / "store"), backend, kind, precompute, str(tmp_path), compiled)
-    mp.spawn(_worker, args=args, nprocs=world, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    ranks = run_ranks(tmp_path, _sharded_and_reference, kind, precompute, compiled, world=world, backend=backend)
     return [rank["sharded"] for rank in ranks], ranks[0]["unsharded"]
 
 
@@ -247,76 +224,66 @@ def test_fsdp2_float8_all_gather_one_gpu_nccl(tmp_path, precompute, compiled):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _checkpoint_worker(rank, world, init_file, out_dir, full):
+def _checkpoint_worker(rank, world, device, out_dir, full):
     """2 steps of the FP8-gathered model, a checkpoint, a 3rd step; then a fresh model (other initial weights, no
     optimizer state) loads the checkpoint and takes the same 3rd step. ``full``: the consolidated state dicts on
     rank 0 (``full_state_dict``, ``cpu_offload``), loaded with ``broadcast_from_rank0``; else DCP's sharded files."""
-    faulthandler.enable()
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
 
-        torch.set_num_threads(1)
-        device, half, mesh = torch.device("cpu"), GLOBAL_BATCH // world, init_device_mesh("cpu", (world,))
+    half, mesh = GLOBAL_BATCH // world, init_device_mesh(device.type, (world,))
 
-        def build(seed):
-            torch.manual_seed(seed)
-            model = convert_to_float8(_Net(), "tensorwise", min_features=0, fsdp_float8_all_gather=True)
-            for layer in (*[getattr(model, name) for name in LAYERS], model):
-                fully_shard(layer, mesh=mesh)
-            return model, _optimizer("adamw", model)
+    def build(seed):
+        torch.manual_seed(seed)
+        model = convert_to_float8(_Net(), "tensorwise", min_features=0, fsdp_float8_all_gather=True)
+        for layer in (*[getattr(model, name) for name in LAYERS], model):
+            fully_shard(layer, mesh=mesh)
+        return model, _optimizer("adamw", model)
 
-        def step(model, opt, index):
-            precompute_float8_scales(model)
-            x, y = _batch(index, device)
-            opt.zero_grad(set_to_none=True)
-            _loss(model, x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]).backward()
-            opt.step()
+    def step(model, opt, index):
+        precompute_float8_scales(model)
+        x, y = _batch(index, device)
+        opt.zero_grad(set_to_none=True)
+        _loss(model, x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]).backward()
+        opt.step()
 
-        model, opt = build(0)
-        for index in range(2):
-            step(model, opt, index)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
-        saved = {"model": get_model_state_dict(model, options=options)}
-        saved["optim"] = get_optimizer_state_dict(model, opt, options=options)
-        saved_types = sorted({type(getattr(v, "_local_tensor", v)).__name__ for v in saved["model"].values()})
-        if full:
-            saved = copy.deepcopy(saved)  # (cpu_offload keeps CPU tensors as they are: the live step counts)
-        else:
-            dcp.save(saved, checkpoint_id=os.path.join(out_dir, "ckpt"))
-        step(model, opt, 2)
-        want = [p.detach().full_tensor() for p in model.parameters()]
+    model, opt = build(0)
+    for index in range(2):
+        step(model, opt, index)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
+    saved = {"model": get_model_state_dict(model, options=options)}
+    saved["optim"] = get_optimizer_state_dict(model, opt, options=options)
+    saved_types = sorted({type(getattr(v, "_local_tensor", v)).__name__ for v in saved["model"].values()})
+    if full:
+        saved = copy.deepcopy(saved)  # (cpu_offload keeps CPU tensors as they are: the live step counts)
+    else:
+        dcp.save(saved, checkpoint_id=os.path.join(out_dir, "ckpt"))
+    step(model, opt, 2)
+    want = [p.detach().full_tensor() for p in model.parameters()]
 
-        model2, opt2 = build(1)
-        if full:
-            state, options = saved, StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        else:
-            state = {"model": get_model_state_dict(model2), "optim": get_optimizer_state_dict(model2, opt2)}
-            dcp.load(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
-        set_model_state_dict(model2, state["model"], options=options)
-        set_optimizer_state_dict(model2, opt2, state["optim"], options=options)
-        step(model2, opt2, 2)
-        result = {
-            "saved_types": saved_types,
-            "local_types": sorted({type(p.to_local()).__name__ for p in model2.parameters()}),
-            "params_equal": all(torch.equal(a, p.detach().full_tensor()) for a, p in zip(want, model2.parameters())),
-        }
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    model2, opt2 = build(1)
+    if full:
+        state, options = saved, StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    else:
+        state = {"model": get_model_state_dict(model2), "optim": get_optimizer_state_dict(model2, opt2)}
+        dcp.load(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
+    set_model_state_dict(model2, state["model"], options=options)
+    set_optimizer_state_dict(model2, opt2, state["optim"], options=options)
+    step(model2, opt2, 2)
+    result = {
+        "saved_types": saved_types,
+        "local_types": sorted({type(p.to_local()).__name__ for p in model2.parameters()}),
+        "params_equal": all(torch.equal(a, p.detach().full_tensor()) for a, p in zip(want, model2.parameters())),
+    }
+    return result
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["sharded", "full"])
@@ -324,9 +291,7 @@ def test_fsdp2_float8_weights_round_trip_through_distributed_checkpoint(tmp_path
     """DCP saves the FP8-gathered weights as their high-precision shards (the consolidated state dict as plain
     full tensors), and a fresh sharded model that loads them keeps its FP8 all-gather wrappers and takes the next
     step bit for bit as the original did, with FusedAdamW's state loaded alongside."""
-    mp.spawn(_checkpoint_worker, args=(WORLD, str(tmp_path / "store"), str(tmp_path), full), nprocs=WORLD, join=True)
-    for r in range(WORLD):
-        result = torch.load(tmp_path / f"rank{r}.pt")
+    for r, result in enumerate(run_ranks(tmp_path, _checkpoint_worker, str(tmp_path), full, world=WORLD)):
         expected_saved = ([] if r else ["Tensor"]) if full else ["Float8AllGatherWeight", "Tensor"]
         assert result["saved_types"] == expected_saved, result
         assert result["local_types"] == ["Float8AllGatherWeight", "Tensor"], result  # weights / biases

@@ -15,14 +15,11 @@ last dimension (dim-0 shards never split one, also for an odd number of rows), a
 from __future__ import annotations
 
 import copy
-import faulthandler
 import os
-import sys
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from distributed_harness import needs_two_gpus, run_ranks
 from torch import nn
 
 from ampkernels import FusedAdamW
@@ -32,10 +29,6 @@ WORLD = 2
 STEPS = 5
 GLOBAL_BATCH = 16
 SEED = 1234  # the stochastic-rounding stream's seed, the same in every run
-
-needs_two_gpus = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
-)
 
 CONFIGS = {
     "q8": dict(params=torch.float32, options=dict(exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8)),
@@ -137,31 +130,15 @@ def _sharded(rank: int, config: str, device: torch.device) -> dict:
     return record
 
 
-def _worker(rank, world, init_file, backend, config, out_dir):
-    faulthandler.enable()  # an abort prints every thread's Python stack into the test's captured stderr
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        torch.set_num_threads(1)  # two ranks on a 2-core runner
-        result = {"sharded": _sharded(rank, config, device)}
-        if rank == 0:  # the reference, on the same kind of device and in the same kind of process
-            result["unsharded"] = _unsharded(config, device)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()  # every rank past its last collective before any tears its connections down
-    finally:
-        dist.destroy_process_group()
-    # Leave without interpreter finalization: FSDP2's autograd device threads and the gloo threads still run, and a
-    # C++ thread touching a Python object during finalization aborts (tests/test_distributed.py says more).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def _sharded_and_reference(rank: int, world: int, device: torch.device, config: str) -> dict:
+    result = {"sharded": _sharded(rank, config, device)}
+    if rank == 0:  # the reference, on the same kind of device and in the same kind of process
+        result["unsharded"] = _unsharded(config, device)
+    return result
 
 
 def _run(tmp_path, config: str, backend: str = "gloo") -> tuple[list[dict], dict]:
-    mp.spawn(_worker, args=(WORLD, str(tmp_path / "store"), backend, config, str(tmp_path)), nprocs=WORLD, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    ranks = run_ranks(tmp_path, _sharded_and_reference, config, world=WORLD, backend=backend)
     return [rank["sharded"] for rank in ranks], ranks[0]["unsharded"]
 
 
@@ -209,100 +186,90 @@ def test_fsdp2_lowbit_matches_unsharded_nccl(tmp_path, config):
 CHECKPOINT_CONFIGS = {"fp32": dict(params=torch.float32, options={}), **CONFIGS}
 
 
-def _checkpoint_worker(rank, world, init_file, config, out_dir, full):
+def _checkpoint_worker(rank, world, device, config, out_dir, full):
     """Trains 2 steps, saves model and optimizer with DCP, takes a 3rd step; then a fresh model and optimizer (other
     initial weights, no state) load the checkpoint and take the same 3rd step. Every rank's shards must agree.
     ``full``: instead of sharded files, the consolidated state dicts rank 0 gets with ``full_state_dict=True,
     cpu_offload=True`` (one file's worth, as for an export), loaded back with ``broadcast_from_rank0=True``."""
-    faulthandler.enable()
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    half = GLOBAL_BATCH // WORLD
+    mesh = init_device_mesh(device.type, (WORLD,))
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = _Net().to(dtype=CHECKPOINT_CONFIGS[config]["params"])
+        for layer in (model.fc1, model.fc2, model.fc3, model.out, model):
+            fully_shard(layer, mesh=mesh)
+        opt = FusedAdamW(
+            model.parameters(), lr=1e-2, weight_decay=0.1, seed=SEED, **CHECKPOINT_CONFIGS[config]["options"]
         )
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        return model, opt
 
-        torch.set_num_threads(1)
-        device, half = torch.device("cpu"), GLOBAL_BATCH // WORLD
-        mesh = init_device_mesh("cpu", (WORLD,))
+    def step(model, opt, index):
+        x, y = _batch(index, device)
+        opt.zero_grad(set_to_none=True)
+        _loss(model, x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]).backward()
+        opt.step()
 
-        def build(seed):
-            torch.manual_seed(seed)
-            model = _Net().to(dtype=CHECKPOINT_CONFIGS[config]["params"])
-            for layer in (model.fc1, model.fc2, model.fc3, model.out, model):
-                fully_shard(layer, mesh=mesh)
-            opt = FusedAdamW(
-                model.parameters(), lr=1e-2, weight_decay=0.1, seed=SEED, **CHECKPOINT_CONFIGS[config]["options"]
-            )
-            return model, opt
-
-        def step(model, opt, index):
-            x, y = _batch(index, device)
-            opt.zero_grad(set_to_none=True)
-            _loss(model, x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]).backward()
-            opt.step()
-
-        def shards(opt):
-            # every state tensor of every parameter, as this rank's local shard
-            return {
-                (i, k): (v.to_local() if hasattr(v, "to_local") else v).clone()
-                for i, entry in enumerate(opt.state_dict()["state"].values())
-                for k, v in entry.items()
-                if isinstance(v, torch.Tensor)
-            }
-
-        model, opt = build(0)
-        for index in range(2):
-            step(model, opt, index)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
-        saved = {"model": get_model_state_dict(model, options=options)}
-        saved["optim"] = get_optimizer_state_dict(model, opt, options=options)
-        kinds = sorted(
-            {
-                type(v).__name__
-                for e in saved["optim"].get("state", {}).values()  # (full: empty off rank 0)
-                for k, v in e.items()
-                if k != "step" and not isinstance(v, int)
-            }
-        )
-        if full:
-            saved = copy.deepcopy(saved)  # (cpu_offload keeps CPU tensors as they are: the live step counts)
-        else:
-            dcp.save(saved, checkpoint_id=os.path.join(out_dir, "ckpt"))
-        before = shards(opt)
-        step(model, opt, 2)
-        want = [p.detach().to_local().clone() for p in model.parameters()]
-
-        model2, opt2 = build(1)
-        if full:
-            state, options = saved, StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        else:
-            state = {"model": get_model_state_dict(model2), "optim": get_optimizer_state_dict(model2, opt2)}
-            dcp.load(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
-        set_model_state_dict(model2, state["model"], options=options)
-        set_optimizer_state_dict(model2, opt2, state["optim"], options=options)
-        loaded = shards(opt2)
-        step(model2, opt2, 2)
-        got = [p.detach().to_local().clone() for p in model2.parameters()]
-        result = {
-            "kinds": kinds,
-            "state_equal": sorted(before) == sorted(loaded) and all(torch.equal(before[k], loaded[k]) for k in before),
-            "params_equal": all(torch.equal(a, b) for a, b in zip(want, got)),
-            "dtypes": sorted({str(v.dtype) for v in before.values()}),
+    def shards(opt):
+        # every state tensor of every parameter, as this rank's local shard
+        return {
+            (i, k): (v.to_local() if hasattr(v, "to_local") else v).clone()
+            for i, entry in enumerate(opt.state_dict()["state"].values())
+            for k, v in entry.items()
+            if isinstance(v, torch.Tensor)
         }
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+
+    model, opt = build(0)
+    for index in range(2):
+        step(model, opt, index)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
+    saved = {"model": get_model_state_dict(model, options=options)}
+    saved["optim"] = get_optimizer_state_dict(model, opt, options=options)
+    kinds = sorted(
+        {
+            type(v).__name__
+            for e in saved["optim"].get("state", {}).values()  # (full: empty off rank 0)
+            for k, v in e.items()
+            if k != "step" and not isinstance(v, int)
+        }
+    )
+    if full:
+        saved = copy.deepcopy(saved)  # (cpu_offload keeps CPU tensors as they are: the live step counts)
+    else:
+        dcp.save(saved, checkpoint_id=os.path.join(out_dir, "ckpt"))
+    before = shards(opt)
+    step(model, opt, 2)
+    want = [p.detach().to_local().clone() for p in model.parameters()]
+
+    model2, opt2 = build(1)
+    if full:
+        state, options = saved, StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    else:
+        state = {"model": get_model_state_dict(model2), "optim": get_optimizer_state_dict(model2, opt2)}
+        dcp.load(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
+    set_model_state_dict(model2, state["model"], options=options)
+    set_optimizer_state_dict(model2, opt2, state["optim"], options=options)
+    loaded = shards(opt2)
+    step(model2, opt2, 2)
+    got = [p.detach().to_local().clone() for p in model2.parameters()]
+    result = {
+        "kinds": kinds,
+        "state_equal": sorted(before) == sorted(loaded) and all(torch.equal(before[k], loaded[k]) for k in before),
+        "params_equal": all(torch.equal(a, b) for a, b in zip(want, got)),
+        "dtypes": sorted({str(v.dtype) for v in before.values()}),
+    }
+    return result
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["sharded", "full"])
@@ -312,10 +279,7 @@ def test_fsdp2_optimizer_state_round_trips_through_distributed_checkpoint(tmp_pa
     tensor and loaded rank 0's everywhere); after a load the state and the next step are the original's bit for
     bit, on both ranks (fc2's 65 rows shard unevenly). The same through a consolidated state dict on rank 0 (its
     gathering takes plain Python values only: the param groups' torch.dtype options once failed it)."""
-    args = (WORLD, str(tmp_path / "store"), config, str(tmp_path), full)
-    mp.spawn(_checkpoint_worker, args=args, nprocs=WORLD, join=True)
-    for r in range(WORLD):
-        result = torch.load(tmp_path / f"rank{r}.pt")
+    for r, result in enumerate(run_ranks(tmp_path, _checkpoint_worker, config, str(tmp_path), full, world=WORLD)):
         if full and r != 0:
             assert result["kinds"] == [], result  # only rank 0 holds the consolidated state
         else:
