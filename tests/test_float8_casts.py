@@ -322,6 +322,27 @@ def test_rowwise_records_per_row(granularity, backend):
     assert_same(amax_out, expected)
 
 
+@pytest.mark.parametrize("backend", ["torch", *KERNELS])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_rowwise_amax_out_of_shape_r_records_like_r_by_1(transpose, backend):
+    """The checks accept a rowwise ``amax_out`` (and ``scale``) of shape [R] as well as [R, 1]: each backend records
+    into it what it records into an [R, 1] one (the reference once broadcast the [R] record against its [R, 1]
+    amax and failed)."""
+    x = _data((12, 40), torch.bfloat16, seed=13)
+    x[4, 1] = float("nan")
+    R = _rows(x, "row", transpose)
+    prev = torch.rand(R, 1, generator=torch.Generator().manual_seed(3)).to(DEV) * 2.0**10
+    flat, column = prev.reshape(R).clone(), prev.clone()
+    for delayed in (False, True):
+        scale = _scale_for(x, "row", transpose, torch.float8_e4m3fn) if delayed else None
+        got = to_float8(x, granularity="row", transpose=transpose, scale=scale, amax_out=flat, backend=backend)
+        want = to_float8(x, granularity="row", transpose=transpose, scale=scale, amax_out=column, backend="torch")
+        for a, e in zip(got, want):
+            assert_same(a, e)
+        assert_same(flat, column.reshape(R))
+    assert not torch.equal(column, prev)  # (the records moved)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Consistency between the entry points
 # --------------------------------------------------------------------------------------------------------------------
@@ -400,6 +421,8 @@ def test_dequantizes_to_x():
         (dict(amax_out=torch.ones(2, 3)[:, :1], granularity="row", x=torch.ones(2, 4)), "amax_out"),
         (dict(found_inf=torch.zeros(2)), "found_inf"),
         (dict(found_inf=torch.zeros(1, dtype=torch.int32)), "found_inf"),
+        (dict(amax_out=torch.zeros(1, requires_grad=True)), "amax_out"),
+        (dict(found_inf=torch.zeros(1, requires_grad=True)), "found_inf"),
         (dict(backend="wgmma"), "backend"),
     ],
 )

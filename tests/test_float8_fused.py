@@ -114,6 +114,28 @@ def test_rms_norm_of_strided_input_and_module(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["strided", "expanded"])
+def test_rms_norm_of_a_non_contiguous_weight(layout, backend):
+    """A weight that is a strided (stride 2) or expanded (stride 0) view gives the output and gradients of its
+    contiguous copy, bit for bit (the Triton kernels read the weight as a dense vector: they once read the wrong
+    elements, or past its storage)."""
+    x, w, g = _norm_inputs((4, 33, 96), torch.bfloat16, torch.float32)
+    results = []
+    for contiguous in (False, True):
+        base = (torch.stack((w, -w), dim=-1) if layout == "strided" else w[:1]).clone().requires_grad_()
+        weight = base[:, 0] if layout == "strided" else base.expand(96)
+        assert not weight.is_contiguous()
+        xg = x.clone().requires_grad_()
+        out = rms_norm(xg, weight.contiguous() if contiguous else weight, backend=backend)
+        out.backward(g.to(out.dtype))
+        results.append((out, xg.grad, base.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    values = w if layout == "strided" else w[:1].expand(96)
+    torch.testing.assert_close(results[0][0], reference.rms_norm(x, values), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(4, 7, 333), (2048,)], ids=str)
 def test_silu_mul_matches_the_reference_within_torchs_error(shape, dtype, backend):
@@ -320,6 +342,27 @@ def test_arguments_are_checked_by_name():
         silu_mul([1.0], x)
     with pytest.raises(ValueError, match="argument 'gate'"):
         silu_mul(x.double(), x.double())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["rms_norm", "silu_mul", "rotary_embedding"])
+def test_double_backward_raises_instead_of_dropping_second_order_terms(op, backend):
+    """The fused backwards are not differentiable (kernels, and rms_norm's saved rstd): differentiating a gradient
+    taken with ``create_graph`` raises, instead of giving no second-order terms or a graph-less gradient."""
+    gen = torch.Generator().manual_seed(5)
+    a = (torch.randn(2, 3, 8, 32, generator=gen) * 2).to(DEV).requires_grad_()
+    b = (1.0 + 0.2 * torch.randn(32, generator=gen)).to(DEV).requires_grad_()
+    c = torch.randn(2, 3, 8, 32, generator=gen).to(DEV).requires_grad_()
+    if op == "rms_norm":
+        inputs, out = (a, b), rms_norm(a, b, backend=backend)
+    elif op == "silu_mul":
+        inputs, out = (a, c), silu_mul(a, c, backend=backend)
+    else:
+        inputs, out = (a,), rotary_embedding(a, backend=backend)
+    grads = torch.autograd.grad(out.square().sum(), inputs, create_graph=True)
+    assert all(g.abs().sum() > 0 for g in grads)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (out.sum() + sum(g.square().sum() for g in grads)).backward()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

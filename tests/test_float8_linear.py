@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import sys
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from distributed_harness import run_ranks
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -225,6 +222,19 @@ def test_frozen_weight_and_no_bias():
     assert layer.weight.grad is None and x.grad is not None and torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_double_backward_raises_instead_of_dropping_second_order_terms(recipe):
+    """The FP8 backward is not differentiable: a gradient taken with ``create_graph`` (a gradient penalty) must
+    refuse to be differentiated, not give a graph-less gradient whose second-order terms silently vanish."""
+    _, layer = _layer(recipe)
+    x = torch.randn(32, 96, requires_grad=True)
+    out = layer(x)
+    (grad_x,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
+    assert torch.isfinite(grad_x).all() and grad_x.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (out.sum() + grad_x.square().sum()).backward()
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Delayed scaling's history (TransformerEngine's semantics)
 # --------------------------------------------------------------------------------------------------------------------
@@ -425,6 +435,72 @@ def test_convert_rules_filter_and_errors():
         convert_to_float8(nn.Linear(64, 64), min_features=-1)
 
 
+class _SharedLayer(nn.Module):
+    """One nn.Linear held under two names (a reused block), and a Sequential holding one layer twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(64, 64)
+        self.again = self.first
+        self.seq = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
+        self.seq.append(self.seq[0])
+
+    def forward(self, x):
+        return self.seq(self.again(self.first(x)))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_convert_swaps_a_shared_layer_under_every_name(recipe):
+    torch.manual_seed(0)
+    plain = _SharedLayer()
+    model = convert_to_float8(copy.deepcopy(plain), recipe, min_features=0)
+    assert isinstance(model.first, Float8Linear) and model.again is model.first
+    assert isinstance(model.seq[0], Float8Linear) and model.seq[2] is model.seq[0]
+    assert list(model.state_dict()) == list(plain.state_dict())
+    assert len(list(model.parameters())) == len(list(plain.parameters())) == 4
+    if recipe == "delayed":
+        assert len(model.float8_scaling.layers) == 2
+    # Every use of the shared layer runs in FP8: the result is that of the layer converted on its own, applied twice.
+    x = torch.randn(32, 64)
+    first, seq0 = (Float8Linear.from_linear(copy.deepcopy(m), recipe) for m in (plain.first, plain.seq[0]))
+    with torch.no_grad():
+        want = seq0(torch.relu(seq0(first(first(x)))))
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x), want)
+
+
+def test_convert_refuses_a_second_delayed_state_before_swapping_anything():
+    """A model that already holds a delayed-scaling state is refused before any layer is swapped: the layers of the
+    second call would otherwise be delayed layers that no update ever reaches (scales stuck at 1)."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
+    convert_to_float8(model, "delayed", min_features=64)
+    assert [type(m) for m in model] == [Float8Linear, nn.Linear]
+    with pytest.raises(ValueError, match="already has an attribute 'float8_scaling'"):
+        convert_to_float8(model, "delayed", min_features=0)
+    assert [type(m) for m in model] == [Float8Linear, nn.Linear] and len(model.float8_scaling.layers) == 1
+    convert_to_float8(model, "delayed", min_features=64)  # nothing left to convert: no state, no error
+    convert_to_float8(model, "tensorwise", min_features=0)  # a state-less recipe may convert the rest
+    assert model[1].recipe.name == "tensorwise"
+
+
+def test_recipe_fields_are_validated_whichever_way_the_recipe_is_made():
+    with pytest.raises(ValueError, match="argument 'name'"):
+        Float8Recipe(name="delayd")  # (a typo once ran as tensorwise)
+    with pytest.raises(ValueError, match="argument 'name'"):
+        Float8Linear(64, 64, recipe=Float8Recipe(name="row"))
+    for field, value in (("amax_history_len", True), ("margin", True), ("amax_history_len", 2.0)):
+        with pytest.raises(ValueError, match=f"argument '{field}'"):
+            Float8Recipe.named("delayed", **{field: value})
+    for recipe in ("tensorwise", "rowwise"):
+        for field, value in (("amax_history_len", 4), ("amax_compute_algo", "most_recent"), ("margin", 1)):
+            with pytest.raises(ValueError, match=f"argument '{field}': only recipe 'delayed'"):
+                convert_to_float8(nn.Linear(64, 64), recipe, min_features=0, **{field: value})
+            with pytest.raises(ValueError, match=f"argument '{field}': only recipe 'delayed'"):
+                Float8Recipe.named(Float8Recipe(name=recipe), **{field: value})
+    assert Float8Recipe.named("delayed", margin=1, amax_history_len=4).margin == 1
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Non-finite values
 # --------------------------------------------------------------------------------------------------------------------
@@ -586,35 +662,21 @@ def _train(model, steps=3):
         opt.step()
 
 
-def _parallel_worker(rank, world, init_file, recipe, mode, out_dir):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        model = convert_to_float8(_TwoLayers(), recipe, min_features=0)
-        if mode == "ddp":
-            _train(nn.parallel.DistributedDataParallel(model))
-            params = [p.detach() for p in model.parameters()]
-        else:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
+def _parallel_worker(rank, world, device, recipe, mode):
+    torch.manual_seed(0)
+    model = convert_to_float8(_TwoLayers(), recipe, min_features=0)
+    if mode == "ddp":
+        _train(nn.parallel.DistributedDataParallel(model))
+        return [p.detach() for p in model.parameters()]
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
 
-            # A CPU mesh: fully_shard's default mesh is on the GPU when there is one (and gloo over it crashed)
-            mesh = init_device_mesh("cpu", (world,))
-            for module in (model.a, model.b, model):
-                fully_shard(module, mesh=mesh)
-            _train(model)
-            params = [p.full_tensor().detach() for p in model.parameters()]
-        torch.save(params, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()  # every rank past its last collective before any tears its connections down
-    finally:
-        dist.destroy_process_group()
-    # Leave without interpreter finalization: FSDP2's autograd device threads and the gloo threads still run, and a
-    # C++ thread touching a Python object during finalization aborts (it segfaulted on the H200 machine's Python).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # A CPU mesh: fully_shard's default mesh is on the GPU when there is one (and gloo over it crashed)
+    mesh = init_device_mesh("cpu", (world,))
+    for module in (model.a, model.b, model):
+        fully_shard(module, mesh=mesh)
+    _train(model)
+    return [p.full_tensor().detach() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
@@ -623,8 +685,7 @@ def test_data_parallel_ranks_match_one_process_bit_for_bit(tmp_path, recipe, mod
     """Both ranks train on the same batches, so the averaged gradient (g + g) / 2 is each rank's own exactly, and the
     parameters must equal one process's bit for bit: under FSDP2 each layer sees its all-gathered weight, so the
     tensorwise weight scale comes from the global amax."""
-    mp.spawn(_parallel_worker, args=(2, str(tmp_path / "init"), recipe, mode, str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ranks = run_ranks(tmp_path, _parallel_worker, recipe, mode, world=2)
     torch.manual_seed(0)
     model = convert_to_float8(_TwoLayers(), recipe, min_features=0)
     _train(model)

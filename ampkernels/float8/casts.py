@@ -52,6 +52,13 @@ def _check_per_row(fn: str, name: str, t: torch.Tensor, rows: int | None, granul
         )
 
 
+def _check_not_differentiable(fn: str, name: str, t: torch.Tensor) -> None:
+    # Written in place by the cast, which autograd does not see (the reference's in-place record refused a leaf
+    # that requires grad with an error naming no argument; the kernels wrote it anyway).
+    if t.requires_grad:
+        raise _error(fn, name, "must not require grad (the cast writes it in place, outside autograd)")
+
+
 def _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, backend):
     """The checked call as the op takes it: (x as [M, K] detached, scale flattened to float32 contiguous, the
     backend name)."""
@@ -83,10 +90,12 @@ def _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, b
         _check_per_row(fn, "amax_out", amax_out, rows, granularity)
         if not amax_out.is_contiguous():
             raise _error(fn, "amax_out", f"must be contiguous (written in place), got strides {amax_out.stride()}")
+        _check_not_differentiable(fn, "amax_out", amax_out)
     if found_inf is not None:
         _check_tensor(fn, "found_inf", found_inf, x.device)
         if found_inf.numel() != 1:
             raise _error(fn, "found_inf", f"expected one element, got shape {_shape(found_inf)}")
+        _check_not_differentiable(fn, "found_inf", found_inf)
     name = dispatch.select("to_float8", x.device, dispatch.check_backend("to_float8", backend))
     x2 = x.detach()  # a cast is not differentiable (Float8Linear defines the gradients)
     x2 = x2 if x2.ndim == 2 else x2.reshape(M, K)
@@ -110,6 +119,10 @@ def _native(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, 
 
 def _launch(x, dtype, granularity, scale, amax_out, transpose, found_inf, backend):
     if backend == "torch" or x.numel() == 0:
+        if amax_out is not None and granularity == "row":
+            # A [R] amax_out (accepted like [R, 1]) as the reference's [R, 1] amax: contiguous, so a view written
+            # through (reference.to_float8 would broadcast a [R] record against the [R, 1] amax).
+            amax_out = amax_out.view(-1, 1)
         return reference.to_float8(
             x, dtype, granularity, scale=scale, amax_out=amax_out, transpose=transpose, found_inf=found_inf
         )

@@ -46,10 +46,12 @@ def convert_to_float8(
             out of it, with a warning: it stays the one Parameter both modules hold.
 
     Parameters, their ``requires_grad``, and the ``state_dict`` (keys and values) are unchanged, so a converted
-    model's checkpoint loads into the plain model and back; optimizers built before the call keep working. For
-    ``"delayed"``, the scaling state (:class:`Float8DelayedScaling`, whose history is a non-persistent buffer of the
-    model) becomes ``model.float8_scaling`` and a forward pre-hook updates the scales before each forward in
-    training mode with grad enabled.
+    model's checkpoint loads into the plain model and back; optimizers built before the call keep working. A layer
+    held under several names (one module reused) becomes one Float8Linear under all of them (``module_filter`` sees
+    its first name). For ``"delayed"``, the scaling state (:class:`Float8DelayedScaling`, whose history is a
+    non-persistent buffer of the model) becomes ``model.float8_scaling`` and a forward pre-hook updates the scales
+    before each forward in training mode with grad enabled; a model that has one already is refused before any
+    layer is swapped (convert its delayed layers in one call).
     """
     recipe = Float8Recipe.named(recipe, **recipe_options)
     _check_all_gather(fsdp_float8_all_gather, recipe)
@@ -72,23 +74,34 @@ def convert_to_float8(
         converted = [root]
     else:
         root = model
-        converted = []
+        # The layers to convert, each once: a module held under several names (a block reused in a model, an
+        # nn.Sequential holding one layer twice) is judged under its first name and becomes one Float8Linear that
+        # takes its place under every name.
+        targets = {id(module): (name, module) for name, module in model.named_modules() if wanted(module, name)}
+        if recipe.name == "delayed" and targets and hasattr(root, DELAYED_STATE_NAME):
+            # (checked before anything is swapped: the new layers would otherwise keep scales of 1, with no update)
+            raise ValueError(
+                f"convert_to_float8: the model already has an attribute {DELAYED_STATE_NAME!r}; convert all its "
+                "delayed layers in one call"
+            )
         # A weight shared with another module (tied embeddings) keeps its plain Parameter: the wrapper would be a
         # second Parameter over the same storage (stepped twice per step) or, put in both modules, hand the other
         # one the FP8 codes FSDP2 gathers.
         holders = model.named_parameters(remove_duplicate=False) if fsdp_float8_all_gather else ()
         uses = Counter(id(p) for _, p in holders)
         untied = []
-        for name, module in list(model.named_modules()):
-            if not wanted(module, name):
-                continue
+        replacements = {}
+        for key, (name, module) in targets.items():
             gather = fsdp_float8_all_gather and uses[id(module.weight)] == 1
             if fsdp_float8_all_gather and not gather:
                 untied.append(name)
-            parent_name, _, child = name.rpartition(".")
-            new = Float8Linear.from_linear(module, recipe, fsdp_float8_all_gather=gather)
-            setattr(model.get_submodule(parent_name), child, new)
-            converted.append(new)
+            replacements[key] = Float8Linear.from_linear(module, recipe, fsdp_float8_all_gather=gather)
+        for parent in list(model.modules()):
+            holder = replacements.get(id(parent), parent)  # (an nn.Linear's own child layers go to its successor)
+            for child, module in list(parent._modules.items()):  # (named_children would skip a repeated child)
+                if module is not None and id(module) in replacements:
+                    setattr(holder, child, replacements[id(module)])
+        converted = list(replacements.values())
         if untied:
             warnings.warn(
                 f"convert_to_float8: fsdp_float8_all_gather leaves out {untied}: their weights are shared with other "

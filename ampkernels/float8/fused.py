@@ -22,6 +22,7 @@ import weakref
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from ampkernels import dispatch, reference
 from ampkernels.matmul.api import _plain_eager
@@ -174,7 +175,7 @@ class _RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, eps, scratch, backend):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
-        w = weight.detach()
+        w = weight.detach().contiguous()  # (the kernels read the weight as a dense [D] vector)
         if _plain_eager(x2, scratch):
             out, rstd = _launch_rms_norm(x2, w, eps, scratch, backend)
         else:
@@ -184,6 +185,7 @@ class _RMSNormFunction(torch.autograd.Function):
         return out.view(shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         x2, w, rstd = ctx.saved_tensors
         g = grad.reshape(x2.shape).contiguous()
@@ -202,7 +204,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *, backen
 
     Args:
         x: [..., D] float32, bfloat16 or float16, any strides (copied to rows when not contiguous).
-        weight: [D] float32, bfloat16 or float16 on x's device.
+        weight: [D] float32, bfloat16 or float16 on x's device, any stride.
         eps: added to the mean square, a float >= 0.
         backend: ``"triton"`` or ``"torch"``; default: :mod:`ampkernels.dispatch`'s choice (op ``"float8_fused"``).
 
@@ -318,6 +320,7 @@ class _SiluMulFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         g, u = ctx.saved_tensors
         grad = grad.contiguous()
@@ -421,6 +424,7 @@ class _RotaryFunction(torch.autograd.Function):
         return _rotate(x, cos, sin, False, backend)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         cos, sin = ctx.saved_tensors
         return _rotate(grad, cos, sin, True, ctx.backend), None, None, None

@@ -30,6 +30,7 @@ import weakref
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 from ampkernels._modules import buffers_keep_dtype
@@ -42,6 +43,8 @@ from ampkernels.reference import float8_max
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 RECIPES = ("tensorwise", "rowwise", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+#: The fields of a Float8Recipe that only the delayed recipe reads.
+DELAYED_OPTIONS = ("amax_history_len", "amax_compute_algo", "margin")
 #: The cast sites of a layer, in the order of its delayed-scaling buffers.
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
 #: Inner and outer dimensions of every FP8 product must be multiples of 16 (cuBLAS's and TMA's 16-byte rule).
@@ -53,7 +56,8 @@ class Float8Recipe:
     """How a :class:`Float8Linear` casts. ``name``: one of :data:`RECIPES`; ``forward_dtype`` (x and w),
     ``backward_dtype`` (the output gradient); for ``"delayed"``: ``amax_history_len`` steps of amax kept per tensor,
     ``amax_compute_algo`` (``"max"`` of the history or its ``"most_recent"`` entry) and ``margin`` (the scale is
-    divided by ``2**margin``), as TransformerEngine's ``DelayedScaling`` defines them."""
+    divided by ``2**margin``), as TransformerEngine's ``DelayedScaling`` defines them (:meth:`named` refuses these
+    three for the other recipes, which do not read them)."""
 
     name: str = "tensorwise"
     forward_dtype: torch.dtype = E4M3
@@ -66,14 +70,22 @@ class Float8Recipe:
     def named(cls, recipe: str | Float8Recipe, **options) -> Float8Recipe:
         """The recipe called ``recipe`` with ``options`` overriding its defaults (rowwise: e4m3 gradients)."""
         if isinstance(recipe, Float8Recipe):
-            return dataclasses.replace(recipe, **options) if options else recipe
-        if recipe not in RECIPES:
+            result = dataclasses.replace(recipe, **options) if options else recipe
+        elif recipe not in RECIPES:
             raise ValueError(f"ampkernels.float8: argument 'recipe': expected one of {RECIPES}, got {recipe!r}")
-        if recipe == "rowwise":
-            options.setdefault("backward_dtype", E4M3)
-        return cls(name=recipe, **options)
+        else:
+            defaults = {"backward_dtype": E4M3} if recipe == "rowwise" else {}
+            result = cls(name=recipe, **{**defaults, **options})
+        for field in DELAYED_OPTIONS:
+            if field in options and result.name != "delayed":
+                raise ValueError(
+                    f"ampkernels.float8: argument '{field}': only recipe 'delayed' takes it, got recipe {result.name!r}"
+                )
+        return result
 
     def __post_init__(self) -> None:
+        if self.name not in RECIPES:
+            raise ValueError(f"ampkernels.float8: argument 'name': expected one of {RECIPES}, got {self.name!r}")
         for field in ("forward_dtype", "backward_dtype"):
             if getattr(self, field) not in (E4M3, E5M2):
                 raise ValueError(
@@ -82,7 +94,7 @@ class Float8Recipe:
                 )
         if self.forward_dtype == E5M2 and self.backward_dtype == E5M2:
             raise ValueError("ampkernels.float8: e5m2 x e5m2 products are not supported: make one dtype e4m3fn")
-        if not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
+        if type(self.amax_history_len) is not int or self.amax_history_len < 1:  # (not a bool)
             raise ValueError(
                 f"ampkernels.float8: argument 'amax_history_len': expected an int >= 1, got {self.amax_history_len!r}"
             )
@@ -91,7 +103,7 @@ class Float8Recipe:
                 f"ampkernels.float8: argument 'amax_compute_algo': expected one of {AMAX_COMPUTE_ALGOS}, "
                 f"got {self.amax_compute_algo!r}"
             )
-        if not isinstance(self.margin, int) or self.margin < 0:
+        if type(self.margin) is not int or self.margin < 0:
             raise ValueError(f"ampkernels.float8: argument 'margin': expected an int >= 0, got {self.margin!r}")
 
     @property
@@ -205,6 +217,7 @@ class _TensorwiseMatmul(torch.autograd.Function):
         return _batched(out, input)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         xt8, wt8, x_inv, w_inv, gathered = ctx.saved_tensors
         need_x, need_w, need_bias = ctx.needs_input_grad[:3]
@@ -249,6 +262,7 @@ class _RowwiseMatmul(torch.autograd.Function):
         return _batched(out, input)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         xt8, xt_inv, weight = ctx.saved_tensors
         need_x, need_w, need_bias = ctx.needs_input_grad[:3]
