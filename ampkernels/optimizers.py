@@ -81,7 +81,7 @@ def _moment_dtype(value: Any, name: str) -> torch.dtype | None:
     if value is None:
         return None
     dtype = _MOMENT_ALIASES.get(value, value) if isinstance(value, str) else value
-    if dtype not in _MOMENT_DTYPES:
+    if not isinstance(dtype, torch.dtype) or dtype not in _MOMENT_DTYPES:  # (a list or dict is not hashable)
         raise ValueError(
             f"{name} must be None, torch.float32 / 'fp32', torch.bfloat16 / 'bf16', torch.uint8 / '8bit' or "
             f"torch.uint4 / '4bit', got {value!r}"
@@ -222,8 +222,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             raise
         self._plans.clear()
 
-    def _check_group(self, group: dict[str, Any], index: int) -> None:
-        """Option checks of a subclass on a normalised param group (raise TypeError/ValueError)."""
+    def _check_group(self, group: dict[str, Any], index: int, where: str | None = None) -> None:
+        """Option checks of a subclass on a normalised param group (raise TypeError/ValueError); ``where`` prefixes
+        the messages (default: the class and the group's index)."""
 
     def resync_master_weights(self) -> None:
         """Copy every parameter into its float32 master copy (``master_weights=True``).
@@ -267,6 +268,17 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # The state's storage options belong to this optimizer, not to the checkpoint: a state saved in another
         # format is converted to this optimizer's (quantized, or decoded to float32) when its parameters step.
         kept = [{key: group[key] for key in self._STORAGE_OPTIONS if key in group} for group in self.param_groups]
+        # The other options come from the checkpoint: the mix must be a valid group (amsgrad saved with this
+        # optimizer's 8-bit second moment, master weights saved with its stochastic rounding), checked before
+        # anything is loaded.
+        for gi, (saved, group, options) in enumerate(zip(saved_groups, self.param_groups, kept, strict=True)):
+            merged = {**self.defaults, **saved, **options, "params": group["params"]}
+            where = f"{type(self).__name__}.load_state_dict: param_groups[{gi}]"
+            try:
+                self._check_group(merged, gi, where)
+            except (TypeError, ValueError) as error:
+                storage = ", ".join(self._STORAGE_OPTIONS)
+                raise type(error)(f"{error} (the state_dict's options, with this optimizer's {storage})") from None
         super().load_state_dict(state_dict)
         for group, options in zip(self.param_groups, kept, strict=True):
             group.update(options)
@@ -397,6 +409,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
                             raise TypeError(f"{where} must be a number or a 1-element tensor, got {value!r}")
                     elif value is not None:  # None: torch's SGD without momentum
                         self._check_saved_tensor(key, value, entry, _local(p), saved, where)
+                self._check_saved_entry(entry, f"{name}: state[{saved_id!r}] (parameter {pi} of param group {gi})")
+
+    def _check_saved_entry(self, entry: dict, where: str) -> None:
+        """Checks that one saved state entry holds what a step needs together (subclasses)."""
 
     def _check_saved_tensor(self, key: str, value: Any, entry: dict, p: torch.Tensor, group: dict, where: str) -> None:
         """Checks one saved state entry of parameter (or local shard) ``p``, saved with param group ``group``."""
@@ -500,10 +516,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         buckets = []
         for (device, dtype, grad_dtype, wrapped), params in grouped.items():
             blockwise = self._blockwise(group, dtype)
+            backend = dispatch.select("adam_blockwise" if blockwise else self._KIND, device, self._requested_backend)
+            if blockwise and backend != "torch":
+                self._check_rounding_layout(index, group, params, backend)
             states = [self._init_state(p, group, blockwise) for p in params]
             keys = _BLOCKWISE_KEYS if blockwise else self._STATE_KEYS
             lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(keys))]
-            backend = dispatch.select("adam_blockwise" if blockwise else self._KIND, device, self._requested_backend)
             locals_ = [_local(p) for p in params]
             # Only the first bucket watches the group's gradient-less params: one check per step is enough.
             bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch if not buckets else [])
@@ -514,8 +532,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 bucket.versions = [p._version for p in locals_]
             if blockwise:
                 # The rounding stream's salt: each parameter's index in the optimizer, the same on every rank.
-                index = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
-                bucket.layout = [self._layout_of(p, group, index[id(p)]) for p in params]
+                salt = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
+                bucket.layout = [self._layout_of(p, group, salt[id(p)]) for p in params]
             if backend == "native":
                 native = dispatch.native()
                 if blockwise:
@@ -540,6 +558,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _layout_of(self, p: torch.Tensor, group: dict[str, Any], salt: int) -> tuple[int, int, int, int, int]:
         raise NotImplementedError
+
+    def _check_rounding_layout(self, index: int, group: dict[str, Any], params: list, backend: str) -> None:
+        """Subclasses: refuse parameters whose blockwise step ``backend`` cannot compute as the reference does."""
 
     def _plan(self, index: int, group: dict[str, Any], rebuild: bool = False) -> _Plan:
         plan = self._plans.get(index)
@@ -791,8 +812,8 @@ class FusedAdam(_FusedOptimizer):
 
     # ---- storage options ----
 
-    def _check_group(self, group, index):
-        where = f"{type(self).__name__}: param group {index}"
+    def _check_group(self, group, index, where=None):
+        where = where or f"{type(self).__name__}: param group {index}"
         for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
             group[key] = _moment_dtype(group.get(key), f"{where}: {key}")
         seed = group.get("seed")
@@ -845,6 +866,22 @@ class FusedAdam(_FusedOptimizer):
         offset = _shard_offset(p, type(self).__name__) if group["stochastic_rounding"] else 0
         return (fmt_m, fmt_v, cols, salt, offset)
 
+    def _check_rounding_layout(self, index, group, params, backend):
+        # The rounding stream is indexed by the element's logical flat index (reference.adam_step_blockwise). The
+        # native kernels walk a non-contiguous parameter (channels_last, a transposed view) in memory order and
+        # index the stream in that order, the Triton kernel refuses it: both are refused here, by name.
+        if not group["stochastic_rounding"]:
+            return
+        for p in params:
+            local = _local(p)
+            if local.dtype == torch.bfloat16 and not local.is_contiguous():
+                i = next(i for i, q in enumerate(group["params"]) if q is p)
+                raise ValueError(
+                    f"{type(self).__name__}: parameter {i} of param group {index} (shape {tuple(local.shape)}, "
+                    f"strides {local.stride()}) is not contiguous: stochastic_rounding on the {backend} backend "
+                    "needs contiguous bfloat16 parameters (make it contiguous, or use backend='torch')"
+                )
+
     def _options(self, group):
         return (
             bool(group["amsgrad"]),
@@ -860,13 +897,9 @@ class FusedAdam(_FusedOptimizer):
         """``state[key]`` in format ``fmt`` and its block exponents (an empty uint8 tensor when not quantized),
         created as zeros or converted from a loaded float tensor."""
         scale_key, code_key = f"{key}_scale", f"{key}_bits"
+        if _CODE_FORMATS.get(state.get(code_key)) != fmt:  # stored in another code (the option changed)
+            self._decode_held(state, key, p)
         value, scales = state.get(key), state.get(scale_key)
-        held = _CODE_FORMATS.get(state.get(code_key))
-        if held is not None and held != fmt:  # stored in another code (the option changed): decode it first
-            value = reference.dequantize_blockwise(value, scales, held, key == "exp_avg_sq", p.shape)
-            state[key] = value
-            for k in (scale_key, code_key):
-                state.pop(k, None)
         if fmt not in _QUANTIZED:
             value = self._state_tensor(state, key, p, _FORMAT_DTYPES[fmt])
             return value, torch.empty(0, dtype=torch.uint8, device=p.device)
@@ -882,12 +915,25 @@ class FusedAdam(_FusedOptimizer):
         state[key], state[scale_key] = value, scales
         return value, scales
 
+    @staticmethod
+    def _decode_held(state: dict, key: str, p: torch.Tensor) -> None:
+        """``state[key]``, if held as codes, decoded to float32 (the group's storage option changed since)."""
+        held = _CODE_FORMATS.get(state.get(f"{key}_bits"))
+        if held is None:
+            return
+        codes, scales = state[key], state[f"{key}_scale"]
+        state[key] = reference.dequantize_blockwise(codes, scales, held, key == "exp_avg_sq", p.shape)
+        for k in (f"{key}_scale", f"{key}_bits"):
+            state.pop(k, None)
+
     def _init_state(self, p, group, blockwise):
         state = self.state[p]
         local = _local(p)
         master = self._master_tensor(state, local, group)
         step = self._step_tensor(state, local)
         if not blockwise:
+            for key in ("exp_avg", "exp_avg_sq"):  # codes of quantized moments the group no longer takes
+                self._decode_held(state, key, local)
             dtype = self._state_dtype(local, group)
             exp_avg = self._state_tensor(state, "exp_avg", local, dtype)
             exp_avg_sq = self._state_tensor(state, "exp_avg_sq", local, dtype)
@@ -901,10 +947,27 @@ class FusedAdam(_FusedOptimizer):
             max_sq = self._state_tensor(state, "max_exp_avg_sq", local, _FORMAT_DTYPES[fmt_v])
         return [exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, max_sq, master, step]
 
+    def _check_saved_entry(self, entry, where):
+        # torch's Adam and this class save a parameter's step and both moments together. Loaded without one of
+        # them, the step would start the missing moment from zeros (a zero second moment makes the update m / eps)
+        # or the bias corrections from step 0: an error here, as torch's step raises KeyError.
+        present = [key for key in ("step", "exp_avg", "exp_avg_sq") if entry.get(key) is not None]
+        missing = [key for key in ("step", "exp_avg", "exp_avg_sq") if entry.get(key) is None]
+        if present and missing:
+            names = {"exp_avg": "'exp_avg' (or 'exp_avg_codes')", "exp_avg_sq": "'exp_avg_sq' (or 'exp_avg_sq_codes')"}
+            raise KeyError(
+                f"{where} holds {', '.join(repr(k) for k in present)} but no "
+                f"{' or '.join(names.get(k, repr(k)) for k in missing)}; a saved Adam state holds 'step' and both "
+                "moments together"
+            )
+
     def _check_saved_tensor(self, key, value, entry, p, group, where):
         if key in ("exp_avg_bits", "exp_avg_sq_bits"):
             if value not in _CODE_FORMATS:
                 raise ValueError(f"{where} must be 8 or 4, got {value!r}")
+            moment = key.removesuffix("_bits")
+            if entry.get(moment) is not None and not _is_codes(entry[moment]):  # (absent: said below)
+                raise ValueError(f"{where}: a code width on a float '{moment}', without '{_SAVED_CODES_KEYS[moment]}'")
             return
         if key in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"):
             moment = key.removesuffix("_scale")

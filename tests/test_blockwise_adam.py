@@ -487,8 +487,27 @@ def test_bad_state_dicts_and_options_raise_clear_errors():
     del bad["state"][0]["exp_avg_codes"]
     with pytest.raises(ValueError, match="without their 'exp_avg_codes'"):
         FusedAdamW(params, exp_avg_dtype="8bit").load_state_dict(bad)
+    # An entry without one of the moments (codes and all) or without its step: the step would start that moment
+    # from zeros (a zero second moment makes the update m / eps) or the bias corrections from step 0.
+    for name, missing in (
+        (r"'exp_avg' \(or 'exp_avg_codes'\)", ("exp_avg_codes", "exp_avg_scale", "exp_avg_bits")),
+        (r"'exp_avg_sq' \(or 'exp_avg_sq_codes'\)", ("exp_avg_sq",)),
+        ("'step'", ("step",)),
+    ):
+        bad = copy.deepcopy(sd)
+        for key in missing:
+            del bad["state"][0][key]
+        with pytest.raises(KeyError, match=rf"state\[0\] \(parameter 0 of param group 0\) holds .* but no {name};"):
+            FusedAdamW(params, exp_avg_dtype="8bit").load_state_dict(bad)
+    # A code width on a float moment (the step would decode it as codes without block exponents).
+    bad = copy.deepcopy(sd)
+    bad["state"][0]["exp_avg_sq_bits"] = 8
+    with pytest.raises(ValueError, match=r"\['exp_avg_sq_bits'\].*on a float 'exp_avg_sq', without 'exp_avg_sq_codes'"):
+        FusedAdamW(params, exp_avg_dtype="8bit").load_state_dict(bad)
     with pytest.raises(ValueError, match="exp_avg_dtype"):
         FusedAdamW(params, exp_avg_dtype="int3")
+    with pytest.raises(ValueError, match="exp_avg_sq_dtype must be None, .* got \\['8bit'\\]"):
+        FusedAdamW(params, exp_avg_sq_dtype=["8bit"])  # was TypeError: unhashable type: 'list'
     with pytest.raises(ValueError, match="amsgrad"):
         FusedAdamW(params, amsgrad=True, exp_avg_sq_dtype="8bit")
     with pytest.raises(ValueError, match="master_weights"):
@@ -501,6 +520,129 @@ def test_bad_state_dicts_and_options_raise_clear_errors():
     transposed.grad = torch.randn_like(transposed)
     with pytest.raises(ValueError, match="contiguous"):
         FusedAdamW([transposed], exp_avg_dtype="8bit", backend="torch").step()
+
+
+@pytest.mark.parametrize(("dev", "backend"), backend_params())
+@pytest.mark.parametrize("back_to", [None, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["8bit", "4bit"])
+def test_a_group_switched_off_quantized_moments_decodes_them(dev, backend, fmt, back_to):
+    """exp_avg_dtype / exp_avg_sq_dtype changed in the param group after steps with codes: the next step decodes the
+    codes (as loading the compact state into such an optimizer does) instead of casting the uint8 codes to float
+    moments or failing on their shape."""
+    params, grads = make_model_params([(32, 256)], dev)
+    opt = FusedAdamW(params, lr=1e-2, exp_avg_dtype=fmt, exp_avg_sq_dtype=fmt, backend=backend)
+    params[0].grad = grads[0][0].clone()
+    opt.step()
+    decoded = copy.deepcopy(opt.state_dict(dequantize=True))
+    twin = [torch.nn.Parameter(params[0].detach().clone())]
+    expected = FusedAdamW(twin, lr=1e-2, exp_avg_dtype=back_to, exp_avg_sq_dtype=back_to, backend=backend)
+    expected.load_state_dict(decoded)
+    for group in opt.param_groups:
+        group["exp_avg_dtype"] = group["exp_avg_sq_dtype"] = back_to
+    for step_grads in grads[1:]:
+        params[0].grad, twin[0].grad = step_grads[0].clone(), step_grads[0].clone()
+        opt.step()
+        expected.step()
+    assert torch.equal(params[0], twin[0])
+    state, reference_state = opt.state[params[0]], expected.state[twin[0]]
+    assert state.keys() == reference_state.keys() and "exp_avg_bits" not in state
+    for key, value in state.items():
+        assert torch.equal(value, reference_state[key]), key
+    # and the state saves and loads again
+    FusedAdamW(twin, exp_avg_dtype=back_to, exp_avg_sq_dtype=back_to).load_state_dict(opt.state_dict())
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "match"),
+    [
+        (
+            lambda ps: torch.optim.AdamW(ps, amsgrad=True),
+            dict(exp_avg_dtype="8bit", exp_avg_sq_dtype="8bit"),
+            r"param_groups\[0\]: amsgrad needs a float32 or bfloat16 exp_avg_sq_dtype",
+        ),
+        (
+            lambda ps: FusedAdamW(ps, master_weights=True, backend="torch"),
+            dict(stochastic_rounding=True),
+            r"param_groups\[0\]: stochastic_rounding and master_weights exclude each other",
+        ),
+    ],
+    ids=["torch-amsgrad-into-8bit-second-moment", "master-weights-into-stochastic-rounding"],
+)
+def test_load_state_dict_refuses_options_that_cannot_step_together(source, target, match):
+    """amsgrad and master_weights come from the checkpoint, the storage options from the optimizer: a mix that the
+    constructor refuses is refused at the load, naming the group, and nothing is loaded (it used to load and fail at
+    the step with KeyError: 2, or step with both master weights and stochastic rounding)."""
+    params, grads = make_model_params([(32, 256), (256,)], "cpu", torch.bfloat16)
+    src = source(params)
+    for p, g in zip(params, grads[0]):
+        p.grad = g.clone()
+    src.step()
+    sd = copy.deepcopy(src.state_dict())
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt = FusedAdamW(twin, backend="torch", **target)
+    before = copy.deepcopy(opt.param_groups[0])
+    with pytest.raises(ValueError, match=match):
+        opt.load_state_dict(sd)
+    assert not opt.state and {k: v for k, v in opt.param_groups[0].items() if k != "params"} == {
+        k: v for k, v in before.items() if k != "params"
+    }
+    for p, g in zip(twin, grads[1]):
+        p.grad = g.clone()
+    opt.step()  # the optimizer as it was
+
+
+def test_torch_amsgrad_state_loads_into_a_low_bit_first_moment():
+    """The supported counterpart: torch.optim.AdamW(amsgrad=True) state into 8-bit first and bfloat16 second
+    moments keeps amsgrad and its running maximum."""
+    params, grads = make_model_params([(32, 256)], "cpu")
+    src = torch.optim.AdamW(params, lr=1e-2, amsgrad=True)
+    params[0].grad = grads[0][0].clone()
+    src.step()
+    twin = [torch.nn.Parameter(params[0].detach().clone())]
+    opt = FusedAdamW(twin, lr=1e-2, exp_avg_dtype="8bit", exp_avg_sq_dtype="bf16", backend="torch")
+    opt.load_state_dict(copy.deepcopy(src.state_dict()))
+    twin[0].grad = grads[1][0].clone()
+    opt.step()
+    state = opt.state[twin[0]]
+    assert opt.param_groups[0]["amsgrad"] and state["max_exp_avg_sq"].dtype == torch.bfloat16
+    assert state["exp_avg"].dtype == torch.uint8 and float(state["step"]) == 2
+
+
+def test_stochastic_rounding_of_non_contiguous_parameters_follows_the_reference_or_is_refused():
+    """The rounding stream is indexed by each element's logical flat index (reference.adam_step_blockwise). The
+    torch backend steps a channels_last or transposed bfloat16 parameter as its contiguous copy; the native kernels
+    would index the stream in memory order (other bits for about half the elements) and Triton's refuses it: both
+    refuse it at the step, naming the parameter, with nothing written."""
+    makers = {
+        "channels_last": lambda: torch.randn(8, 16, 5, 5).to(memory_format=torch.channels_last),
+        "transposed": lambda: torch.randn(96, 64).t(),
+    }
+    for name, make in makers.items():
+        torch.manual_seed(0)
+        strided = make().bfloat16()
+        contiguous = strided.contiguous()
+        results = []
+        for data in (strided, contiguous):
+            p = torch.nn.Parameter(data.clone(memory_format=torch.preserve_format))
+            opt = FusedAdamW([p], lr=1e-3, stochastic_rounding=True, seed=7, backend="torch")
+            gen = torch.Generator().manual_seed(1)
+            for _ in range(2):
+                p.grad = torch.randn(p.shape, generator=gen).bfloat16()
+                opt.step()
+            results.append(p.detach())
+        assert torch.equal(results[0], results[1]), name
+        for backend in blockwise_backends("cpu"):
+            if backend == "torch":
+                continue
+            p = torch.nn.Parameter(strided.clone(memory_format=torch.preserve_format))
+            assert not p.is_contiguous()
+            opt = FusedAdamW([torch.nn.Parameter(torch.randn(4)), p], stochastic_rounding=True, backend=backend)
+            p.grad = torch.randn_like(p)
+            with pytest.raises(
+                ValueError, match=rf"parameter 1 of param group 0 .* stochastic_rounding on the {backend}"
+            ):
+                opt.step()
+            assert torch.equal(p, strided)
 
 
 def test_default_options_keep_the_default_step():

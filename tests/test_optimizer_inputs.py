@@ -124,9 +124,13 @@ def _trained(device, cls=FusedAdamW):
         (lambda sd: sd["state"][1].update(exp_avg=torch.zeros(2)), ValueError, r"state\[1\]\['exp_avg'\] .*shape"),
         (lambda sd: sd["state"][0].update(exp_avg_sq=[0.0] * 5), TypeError, r"'exp_avg_sq'.*floating-point tensor"),
         (lambda sd: sd["state"].update({0: 5}), TypeError, r"state\[0\] must be a dict"),
+        # Adam's step would start a missing moment from zeros (m / eps for the second) or the bias corrections
+        # from step 0.
+        (lambda sd: sd["state"][1].pop("exp_avg_sq"), KeyError, r"state\[1\] \(parameter 1 .* but no 'exp_avg_sq'"),
+        (lambda sd: sd["state"][0].pop("step"), KeyError, r"state\[0\] \(parameter 0 .* but no 'step'"),
     ],
     ids=["no-state", "groups-not-list", "group-count", "param-count", "bad-lr", "bad-step", "bad-shape",
-         "not-tensor", "entry-not-dict"],
+         "not-tensor", "entry-not-dict", "no-second-moment", "no-step"],
 )  # fmt: skip
 def test_bad_state_dict_raises_naming_the_entry_and_loads_nothing(device, mutate, error, match):
     ps, opt = _trained(device)
