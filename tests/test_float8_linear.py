@@ -214,6 +214,20 @@ def test_unaligned_or_float64_inputs_compute_what_linear_does():
     assert torch.equal(odd(x), nn.functional.linear(x, odd.weight, odd.bias))
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_float64_weight_with_a_float32_input_fails_in_the_forward_as_linear_does(recipe):
+    """The FP8 path takes float32/bf16/fp16 weights: a float64 one goes to F.linear, which refuses the mixed dtypes
+    at once (before, the forward ran in FP8 and the backward failed with an out_dtype error)."""
+    plain, layer = _layer(recipe)
+    plain, layer = plain.double(), layer.double()
+    x = torch.randn(32, 96, requires_grad=True)
+    with pytest.raises(RuntimeError) as stock:
+        plain(x)
+    with pytest.raises(RuntimeError) as ours:
+        layer(x)
+    assert str(ours.value) == str(stock.value)
+
+
 def test_frozen_weight_and_no_bias():
     _, layer = _layer("tensorwise", bias=False)
     layer.weight.requires_grad_(False)

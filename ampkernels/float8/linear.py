@@ -389,7 +389,9 @@ class Float8Linear(nn.Linear):
         return new
 
     def _runs_float8(self, x: torch.Tensor) -> bool:
-        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or x.ndim == 0:
+        # Anything else (float64) goes to F.linear, which computes it, or refuses mixed dtypes as nn.Linear does.
+        casts = (torch.float32, torch.bfloat16, torch.float16)
+        if x.dtype not in casts or self.weight.dtype not in casts or x.ndim == 0:
             return False
         rows = math.prod(x.shape[:-1])
         aligned = self.in_features % FLOAT8_ALIGNMENT == 0 and self.out_features % FLOAT8_ALIGNMENT == 0
