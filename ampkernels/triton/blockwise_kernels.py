@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ampkernels._constants import QUANT_BLOCK, STATE_Q4, STATE_Q8
-from ampkernels.triton.optimizers_kernels import _f64, _lerp, _skipped
+from ampkernels.triton.optimizers_kernels import _bf16, _f64, _lerp, _rounded, _skipped
 
 _QB = tl.constexpr(QUANT_BLOCK)
 _HALF_QB = tl.constexpr(QUANT_BLOCK // 2)
@@ -105,29 +105,6 @@ def _blockwise_prologue_kernel(
         k = _mix32(k ^ salt)
         key = _mix32(k + step.to(tl.int64).to(tl.uint32))
         tl.store(keys + t, key.to(tl.int32, bitcast=True), mask=mask)
-
-
-@triton.jit
-def _bf16(x, random16):
-    """float32 ``x`` as bfloat16 from its bit pattern: rounded to nearest even (``random16`` None) or stochastically
-    (``reference.stochastic_round_to_bf16``: the random bits added to the 16 dropped, then truncated). A NaN stays a
-    (quiet) NaN. Nearest even is cvt.rn.bf16.f32's result bit for bit; it serves the interpreter, which truncates
-    its float32 -> bfloat16 casts."""
-    bits = x.to(tl.uint32, bitcast=True)
-    if random16 is None:
-        rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
-    else:
-        rounded = (bits + random16) >> 16
-    rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
-    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _rounded(x, DTYPE: tl.constexpr, INT_BF16: tl.constexpr):
-    # INT_BF16 (the interpreter): bfloat16 by integer rounding; on a GPU the cast (cvt.rn, the same bits).
-    if DTYPE == tl.bfloat16 and INT_BF16:
-        return _bf16(x, None)
-    return x.to(DTYPE)
 
 
 @triton.jit

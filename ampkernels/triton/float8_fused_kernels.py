@@ -7,7 +7,7 @@ launched by ``ampkernels.triton.float8_fused``.
   over the programs by the launcher).
 * ``_silu_mul_kernel`` / ``_silu_mul_backward_kernel``: ``silu(gate) * up`` in float32 and its two gradients.
 
-Every rounding to bfloat16 goes through ``blockwise_kernels._rounded``: the hardware's cvt.rn on a GPU, integer
+Every rounding to bfloat16 goes through ``optimizers_kernels._rounded``: the hardware's cvt.rn on a GPU, integer
 rounding to nearest even under the interpreter (``INT_BF16``), whose own casts truncate.
 
 A forward kernel may also reduce the finite ``max |out|`` of what it stores and a non-finite flag into the zeroed
@@ -21,8 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ampkernels.triton.blockwise_kernels import _rounded
 from ampkernels.triton.float8_casts_kernels import _finite_abs
+from ampkernels.triton.optimizers_kernels import _rounded
 
 
 @triton.jit

@@ -16,7 +16,7 @@ from itertools import groupby
 import torch
 import triton.language as tl
 
-from ampkernels import reference
+from ampkernels import dispatch, reference
 from ampkernels._constants import NORM_INF, NORM_L2, NORM_NONE
 from ampkernels._constants import TRITON_UNSCALE_CHUNK as CHUNK
 from ampkernels.triton import f64_bits, retain_if_capturing
@@ -249,6 +249,7 @@ def unscale_reduce_(
                 HAS_FACTOR=factor is not None,
                 CHUNK_SIZE=CHUNK,
                 HALF=BLOCK // 2,
+                INTERPRET=dispatch.triton_interpreting(),
                 num_warps=NUM_WARPS,
             )
         if n_chunks or mode != NORM_NONE:

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ampkernels._constants import NORM_INF, NORM_L2, NORM_NONE
+from ampkernels.triton.optimizers_kernels import _rounded
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 _DBL_MAX = tl.constexpr(1.7976931348623157e308)
@@ -60,6 +61,7 @@ def _unscale_block(
     HAS_FACTOR: tl.constexpr,
     IS_FP64: tl.constexpr,
     MASKED: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """One loaded block ``x`` from ``base + offs`` (int64 offsets; with MASKED only those < ``bound`` are real)."""
     # Non-finite check on the *input* value: |x| <= MAX is an ordered compare, false for NaN and inf. float64 tensors
@@ -76,16 +78,17 @@ def _unscale_block(
         v = xf * inv
         if HAS_FACTOR:
             v = v * fac
+    stored = _rounded(v, x.dtype, INTERPRET)  # (bf16: integer rounding under the interpreter, whose casts truncate)
     if WRITE:
         if MASKED:
-            tl.store(base + offs, v.to(x.dtype), mask=offs < bound)
+            tl.store(base + offs, stored, mask=offs < bound)
         else:
-            tl.store(base + offs, v.to(x.dtype))
+            tl.store(base + offs, stored)
     if NORM == _NORM_L2:
-        vn = v.to(x.dtype).to(acc.dtype)  # the norm of the value as stored (rounded to the tensor's dtype)
+        vn = stored.to(acc.dtype)  # the norm of the value as stored (rounded to the tensor's dtype)
         acc += vn * vn
     elif NORM == _NORM_INF:
-        acc = _nanmax(acc, tl.abs(v.to(x.dtype).to(acc.dtype)))
+        acc = _nanmax(acc, tl.abs(stored.to(acc.dtype)))
     return acc, bad
 
 
@@ -108,6 +111,7 @@ def _unscale_reduce_kernel(
     HAS_FACTOR: tl.constexpr,
     CHUNK_SIZE: tl.constexpr,
     HALF: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """Chunks ``c_begin .. c_end-1`` (one dtype group); writes ``partials[c] = (flag, acc)``.
 
@@ -146,12 +150,18 @@ def _unscale_reduce_kernel(
             ob = off + HALF + lanes
             xa = tl.load(base + oa)
             xb = tl.load(base + ob)
-            acc, bad = _unscale_block(xa, base, oa, m, inv, fac, acc, bad, WRITE, NORM, HAS_FACTOR, IS_FP64, False)
-            acc, bad = _unscale_block(xb, base, ob, m, inv, fac, acc, bad, WRITE, NORM, HAS_FACTOR, IS_FP64, False)
+            acc, bad = _unscale_block(
+                xa, base, oa, m, inv, fac, acc, bad, WRITE, NORM, HAS_FACTOR, IS_FP64, False, INTERPRET
+            )
+            acc, bad = _unscale_block(
+                xb, base, ob, m, inv, fac, acc, bad, WRITE, NORM, HAS_FACTOR, IS_FP64, False, INTERPRET
+            )
         for off in range(full, m, HALF):  # the tail: at most two masked halves
             oa = off + lanes
             xa = tl.load(base + oa, mask=oa < m, other=0.0)
-            acc, bad = _unscale_block(xa, base, oa, m, inv, fac, acc, bad, WRITE, NORM, HAS_FACTOR, IS_FP64, True)
+            acc, bad = _unscale_block(
+                xa, base, oa, m, inv, fac, acc, bad, WRITE, NORM, HAS_FACTOR, IS_FP64, True, INTERPRET
+            )
         tl.store(partials + 2 * c, tl.max(bad, axis=0).to(tl.float64))
         if NORM == _NORM_L2:
             tl.store(partials + 2 * c + 1, tl.sum(acc, axis=0).to(tl.float64))

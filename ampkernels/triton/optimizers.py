@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ampkernels import dispatch
 from ampkernels._constants import CHUNK
 from ampkernels.triton import f64_bits, is_dense, num_sms, retain_if_capturing
 from ampkernels.triton.optimizers_kernels import _GRAD, _adam_kernel, _prologue_kernel, _sgd_kernel
@@ -204,6 +205,7 @@ class StepTable:
             HAS_FOUND=found_inf is not None,
             LR_FROM_PTR=lr_is_tensor,
             ALIGNED=self.aligned and self._grads_aligned,
+            INTERPRET=dispatch.triton_interpreting(),
             BLOCK_E=BLOCK,
             num_warps=NUM_WARPS,
         )
@@ -245,6 +247,7 @@ class StepTable:
             HAS_FOUND=found_inf is not None,
             LR_FROM_PTR=lr_is_tensor,
             ALIGNED=self.aligned and self._grads_aligned,
+            INTERPRET=dispatch.triton_interpreting(),
             BLOCK_E=BLOCK,
             num_warps=NUM_WARPS,
         )

@@ -99,6 +99,29 @@ def _lerp(start, end, weight, WEIGHT_SMALL: tl.constexpr):
     return end - (end - start) * (1.0 - weight)
 
 
+@triton.jit
+def _bf16(x, random16):
+    """float32 ``x`` as bfloat16 from its bit pattern: rounded to nearest even (``random16`` None) or stochastically
+    (``reference.stochastic_round_to_bf16``: the random bits added to the 16 dropped, then truncated). A NaN stays a
+    (quiet) NaN. Nearest even is cvt.rn.bf16.f32's result bit for bit; it serves the interpreter, which truncates
+    its float32 -> bfloat16 casts."""
+    bits = x.to(tl.uint32, bitcast=True)
+    if random16 is None:
+        rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    else:
+        rounded = (bits + random16) >> 16
+    rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _rounded(x, DTYPE: tl.constexpr, INT_BF16: tl.constexpr):
+    # INT_BF16 (the interpreter): bfloat16 by integer rounding; on a GPU the cast (cvt.rn, the same bits).
+    if DTYPE == tl.bfloat16 and INT_BF16:
+        return _bf16(x, None)
+    return x.to(DTYPE)
+
+
 @triton.jit(do_not_specialize=["num_tensors", "num_chunks", "lr_bits", "wd", "wd_bits", "beta2", "omb1", "omb2", "eps"])
 def _adam_kernel(
     addrs,
@@ -132,6 +155,7 @@ def _adam_kernel(
     HAS_FOUND: tl.constexpr,
     LR_FROM_PTR: tl.constexpr,
     ALIGNED: tl.constexpr,
+    INTERPRET: tl.constexpr,
     BLOCK_E: tl.constexpr,
 ):
     if _skipped(found_inf, HAS_FOUND):
@@ -180,15 +204,15 @@ def _adam_kernel(
                 vmax = tl.maximum(
                     tl.load(x_ptr + idx, mask=mask, other=0.0).to(tl.float32), v, propagate_nan=tl.PropagateNan.ALL
                 )
-                tl.store(x_ptr + idx, vmax.to(S_DTYPE), mask=mask)
+                tl.store(x_ptr + idx, _rounded(vmax, S_DTYPE, INTERPRET), mask=mask)
                 second = vmax
             denom = tl.div_rn(tl.sqrt_rn(second), bc2_sqrt) + eps
             p = p - step_size * tl.div_rn(m, denom)
-            tl.store(m_ptr + idx, m.to(S_DTYPE), mask=mask)
-            tl.store(v_ptr + idx, v.to(S_DTYPE), mask=mask)
+            tl.store(m_ptr + idx, _rounded(m, S_DTYPE, INTERPRET), mask=mask)
+            tl.store(v_ptr + idx, _rounded(v, S_DTYPE, INTERPRET), mask=mask)
             if HAS_MASTER:
                 tl.store(w_ptr + idx, p, mask=mask)
-            tl.store(p_ptr + idx, p.to(P_DTYPE), mask=mask)
+            tl.store(p_ptr + idx, _rounded(p, P_DTYPE, INTERPRET), mask=mask)
 
 
 @triton.jit(do_not_specialize=["num_tensors", "num_chunks", "lr_bits", "wd", "momentum", "omd"])
@@ -220,6 +244,7 @@ def _sgd_kernel(
     HAS_FOUND: tl.constexpr,
     LR_FROM_PTR: tl.constexpr,
     ALIGNED: tl.constexpr,
+    INTERPRET: tl.constexpr,
     BLOCK_E: tl.constexpr,
 ):
     if _skipped(found_inf, HAS_FOUND):
@@ -259,7 +284,7 @@ def _sgd_kernel(
                 b_ptr = _ptr(lists, _EXP_AVG, num_tensors, t, start, S_DTYPE, ALIGNED)
                 buf = tl.load(b_ptr + idx, mask=mask, other=0.0).to(tl.float32)
                 buf = tl.where(first, g, buf * momentum + omd * g)
-                tl.store(b_ptr + idx, buf.to(S_DTYPE), mask=mask)
+                tl.store(b_ptr + idx, _rounded(buf, S_DTYPE, INTERPRET), mask=mask)
                 if NESTEROV:
                     g = g + momentum * buf
                 else:
@@ -267,7 +292,7 @@ def _sgd_kernel(
             p = p - lr * g
             if HAS_MASTER:
                 tl.store(w_ptr + idx, p, mask=mask)
-            tl.store(p_ptr + idx, p.to(P_DTYPE), mask=mask)
+            tl.store(p_ptr + idx, _rounded(p, P_DTYPE, INTERPRET), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------------------------------
