@@ -140,3 +140,79 @@ def test_out_requiring_grad_raises_instead_of_dropping_the_gradient(warm):
     with torch.no_grad():
         scaled_matmul(a, b, 0.5, out=y)  # no graph to cut: allowed, as torch allows it
     torch.testing.assert_close(y.detach(), reference.scaled_matmul(a, b, 0.5), rtol=2e-3, atol=1e-3)
+
+
+def test_scaled_linear_takes_1d_input_like_linear():
+    """nn.Linear maps an unbatched [in_features] input to [out_features]; so does the drop-in."""
+    torch.manual_seed(41)
+    stock = torch.nn.Linear(24, 12)
+    ours = ScaledLinear(24, 12, output_scale=torch.rand(12) + 0.5)
+    ours.load_state_dict(stock.state_dict())
+    x = torch.randn(24)
+    y = ours(x)
+    assert y.shape == stock(x).shape == (12,)
+    expected = torch.nn.functional.linear(x, stock.weight) * ours.output_scale + stock.bias
+    torch.testing.assert_close(y, expected.detach())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y16 = ours(x)
+    assert y16.shape == (12,) and y16.dtype == torch.bfloat16
+    torch.testing.assert_close(y16.float(), y, rtol=3e-2, atol=3e-2)
+
+
+def test_autocast_leaves_float64_operands_alone_like_mm():
+    """Autocast casts only eligible operands (floating point, not float64), as for aten::mm: a float64 product
+    under autocast stays float64 (scaled_matmul with backend='torch', and ScaledLinear.double() like nn.Linear)."""
+    torch.manual_seed(42)
+    a, b = torch.randn(6, 20, dtype=torch.float64), torch.randn(20, 5, dtype=torch.float64)
+    scale = torch.rand(5, dtype=torch.float64) + 0.5
+    stock = torch.nn.Linear(20, 5).double()
+    ours = ScaledLinear(20, 5).double()
+    ours.load_state_dict(stock.state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.mm(a, b).dtype == torch.float64
+        y = scaled_matmul(a, b, scale, backend="torch")
+        y_linear, y_stock = ours(a), stock(a)
+    assert y.dtype == torch.float64 and y_linear.dtype == y_stock.dtype == torch.float64
+    torch.testing.assert_close(y, (a @ b) * scale)
+    torch.testing.assert_close(y_linear, y_stock)
+
+
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cached_call_reads_a_strided_bias_like_the_checked_one(device, bias_dtype):
+    """The checks make a strided bias contiguous; the per-signature fast path must not hand the caller's strided
+    view to the kernel (which reads bias[n] at bias_ptr + n): every call of a signature gives the first's result."""
+    _need_triton(device)
+    torch.manual_seed(43)
+    a, b = torch.randn(8, 16, device=device).bfloat16(), torch.randn(16, 12, device=device).bfloat16()
+    bias = torch.randn(12, 2, device=device).to(bias_dtype)[:, 0]  # one column of a packed [N, 2] parameter
+    assert not bias.is_contiguous()
+    results = [scaled_matmul(a, b, 0.5, bias=bias, backend="triton") for _ in range(3)]  # checked, then cached
+    torch.testing.assert_close(results[0], reference.scaled_matmul(a, b, 0.5, bias=bias), rtol=2**-7, atol=1e-2)
+    for result in results[1:]:
+        assert torch.equal(result, results[0])
+
+
+@pytest.mark.parametrize("float8", [False, True], ids=["bf16", "float8"])
+def test_torch_compile_fullgraph_with_out(float8):
+    """out=/accumulate= (weight-gradient accumulation) traces without a graph break: the checks that read data
+    pointers run in eager only (fake tensors have none)."""
+    torch.manual_seed(44)
+    if float8:
+        a = torch.randn(2, 8, 32).to(torch.float8_e4m3fn)
+        b = torch.randn(16, 32).to(torch.float8_e4m3fn).t()
+        kwargs = {"scale_a": torch.rand(2, 8, 1) + 0.5}
+    else:
+        a, b, kwargs = torch.randn(2, 8, 32).bfloat16(), torch.randn(32, 16).bfloat16(), {}
+
+    def step(a, b, out):
+        scaled_matmul(a, b, 0.5, out=out, accumulate=True, backend="torch", **kwargs)
+        return out * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    start = torch.randn(2, 8, 16)
+    got, expected = start.clone(), start.clone()
+    got_twice = compiled(a, b, got)
+    expected_twice = step(a, b, expected)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_twice, expected_twice)
+    assert not torch.equal(got, start)

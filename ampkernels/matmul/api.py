@@ -164,10 +164,16 @@ def _check_out(out, expected_shape, out_dtype, device, others):
         raise _error("out", f"expected dtype {out_dtype} (out_dtype), got {out.dtype}")
     if out.device != device:
         raise _error("out", f"expected a tensor on {device}, got one on {out.device}")
-    if torch._debug_has_internal_overlap(out) != 0:
+    # NOTE: the memory checks read data pointers, which fake tensors lack: torch.compile would break the graph on
+    # them (fullgraph=True: fail). A contiguous tensor has no internal overlap, and what out= aliases in a traced
+    # graph is for functionalization to see.
+    tracing = torch.compiler.is_compiling()
+    if not tracing and torch._debug_has_internal_overlap(out) != 0:
         raise _error("out", "has internally overlapping memory (e.g. an expanded tensor)")
     if not out.is_contiguous():
         raise _error("out", f"must be contiguous (row-major), got strides {out.stride()}")
+    if tracing:
+        return
     for name, other in others.items():
         if isinstance(other, torch.Tensor) and _overlaps(out, other):
             raise _error("out", f"overlaps argument '{name}' in memory")
@@ -226,9 +232,10 @@ def scaled_matmul(
     Returns ``out`` (or a new [..., M, N] tensor). Is equivalent to
     ``(scale * (a.float() @ b.float()) + bias).to(out_dtype)`` (with ``out += ...`` for ``accumulate``).
 
-    Under autocast (``torch.autocast``) ``a`` and ``b`` are cast to the autocast dtype like ``aten::mm`` does;
-    the scale, bias, flag and an explicit ``out``/``out_dtype`` are left alone. float32/float64 operands run only on
-    ``backend="torch"`` (the reference, computing in their precision), otherwise they raise.
+    Under autocast (``torch.autocast``) ``a`` and ``b`` are cast to the autocast dtype like ``aten::mm`` does
+    (float64 operands are left alone); the scale, bias, flag and an explicit ``out``/``out_dtype`` are left alone.
+    float32/float64 operands run only on ``backend="torch"`` (the reference, computing in their precision),
+    otherwise they raise.
 
     Autograd (not with ``out``/``accumulate``): grads of a, b through the same kernels (the scale applied to both),
     bias grad = Σ rows of grad_out, and the gradient of a scale tensor that requires grad (one extra matmul).
@@ -273,9 +280,10 @@ def _scaled_matmul_checked(
     for name, factor in (("scale_a", scale_a), ("scale_b", scale_b)):
         if factor is not None:
             raise _error(name, f"dequantization factors go with float8 operands; a is {a.dtype} (use 'scale')")
-    if torch.is_autocast_enabled(a.device.type) and a.is_floating_point() and b.is_floating_point():
+    if torch.is_autocast_enabled(a.device.type):
+        # like aten::mm: each operand eligible for autocast (floating point, not float64) is cast
         cast = torch.get_autocast_dtype(a.device.type)
-        a, b = a.to(cast), b.to(cast)
+        a, b = (t.to(cast) if t.is_floating_point() and t.dtype != torch.float64 else t for t in (a, b))
     _check_operands(a, b)
     if b.dtype != a.dtype:
         raise _error("b", f"expected dtype {a.dtype} (like a), got {b.dtype}")
@@ -299,6 +307,7 @@ def _scaled_matmul_checked(
     M, K, N = math.prod(a.shape[:-1]), b.shape[0], b.shape[1]
 
     alpha, scale_t, mode = _normalize_scale(scale, a, out_shape, compute)
+    caller_bias = bias
     bias = _check_bias(bias, N, a.device, compute, a.dtype)
     _check_found_inf(found_inf, a.device)
     _check_amax_out(amax_out, a.device)
@@ -332,8 +341,10 @@ def _scaled_matmul_checked(
         return out
     autocasting = torch.is_autocast_enabled(a.device.type)
     if key is not None and not autocasting and _plain_eager(a2, b, scale_t, bias, out, found_inf):
+        # the caller's bias: later calls of the signature hand it to the kernel as they get it (when it passes
+        # make's rule, it is the checked bias itself)
         entry = _Call.make(
-            a, b, scale, scale_t, mode, alpha, bias, out_dtype, out, accumulate, found_inf, name, out_shape
+            a, b, scale, scale_t, mode, alpha, caller_bias, out_dtype, out, accumulate, found_inf, name, out_shape
         )
         if entry is not None:
             if len(_CALLS) >= _MAX_CACHED:
@@ -426,7 +437,8 @@ class _Call:
     """A checked call signature: what :func:`scaled_matmul` derives from its arguments' metadata, kept so that the
     next call with the same metadata only launches. Made only for plain eager 16-bit calls without autograd or
     autocast, with a Python number / None scale or a float32 scale tensor on a's device that the kernels read as
-    is (no conversion copy), and a contiguous bias of float32 or a's dtype."""
+    is (no conversion copy), and a contiguous bias of float32 or a's dtype (``bias`` as the caller passed it: the
+    cached call reads it as is, with no conversion or copy)."""
 
     __slots__ = (
         "backend",
@@ -736,9 +748,10 @@ class ScaledLinear(torch.nn.Linear):
     Args (beyond ``nn.Linear``'s): output_scale: ``None`` (1), a float, or a tensor (one element, or per output
         feature [out_features]); a tensor is kept as a non-persistent buffer, so state_dict keys stay ``weight`` and
         ``bias``, and keeps its dtype when the module's dtype changes. backend: as :func:`scaled_matmul`.
-    float16/bfloat16 inputs (or autocast) run on the kernels; float32/float64 without autocast run on the reference
-    (``backend="torch"``), so the module works wherever ``nn.Linear`` does. Under autocast the bias stays fp32
-    (``nn.Linear`` would round it to the autocast dtype first).
+    float16/bfloat16 inputs (or autocast) run on the kernels; float32 without autocast and float64 (which autocast
+    leaves alone) run on the reference (``backend="torch"``), so the module works wherever ``nn.Linear`` does,
+    unbatched [in_features] inputs included. Under autocast the bias stays fp32 (``nn.Linear`` would round it to
+    the autocast dtype first).
     """
 
     def __init__(
@@ -766,9 +779,12 @@ class ScaledLinear(torch.nn.Linear):
             return super()._apply(fn, recurse)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.ndim == 1:  # an unbatched [in_features] input, as nn.Linear takes it
+            return self.forward(input[None])[0]
         backend = self.backend
         autocasting = torch.is_autocast_enabled(input.device.type)
-        if not autocasting and input.dtype in (torch.float32, torch.float64):
+        # float64 is never autocast (as for nn.Linear): it runs on the reference, like float32 without autocast
+        if input.dtype == torch.float64 or (not autocasting and input.dtype == torch.float32):
             backend = "torch"
         return scaled_matmul(input, self.weight.t(), self.output_scale, bias=self.bias, backend=backend)
 
