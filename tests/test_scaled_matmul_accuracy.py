@@ -16,7 +16,6 @@ from scaled_matmul_helpers import (
     _assert_accuracy,
     _backends,
     _check,
-    _interpreted,
     _need_triton,
     _operand,
     _ref64,
@@ -83,7 +82,7 @@ def test_batched_a(device, scale_kind):
     for backend in _backends(device):
         result = scaled_matmul(a, b, scale, backend=backend)
         assert result.shape == (2, 3, 8, 40)
-        _assert_accuracy(result, _stock(a, b, scale, None, a.dtype), _ref64(a, b, scale), interpreted_bf16_out=False)
+        _assert_accuracy(result, _stock(a, b, scale, None, a.dtype), _ref64(a, b, scale))
 
 
 def test_strided_and_misaligned_operands(device):
@@ -180,9 +179,7 @@ def test_accumulate(device, out_dtype):
         assert returned is out
         expected = _ref64(a, b, 0.25, bias, old)
         stock = (old.float() + _stock(a, b, 0.25, bias, torch.float32)).to(out_dtype)
-        _assert_accuracy(
-            out, stock, expected, interpreted_bf16_out=_interpreted(device, backend) and out_dtype == torch.bfloat16
-        )
+        _assert_accuracy(out, stock, expected)
 
 
 def test_found_inf_on_fp16_overflow(device):

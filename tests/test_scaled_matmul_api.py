@@ -95,7 +95,7 @@ def test_scaled_linear_output_scale(device, output_scale):
     w16 = layer.weight.detach().half()
     expected = _ref64(x.half(), w16.t(), output_scale, layer.bias.detach())
     stock = (torch.nn.functional.linear(x.half(), w16, layer.bias.detach().half()) * output_scale).half()
-    _assert_accuracy(y, stock, expected, interpreted_bf16_out=False)
+    _assert_accuracy(y, stock, expected)
     y.float().sum().backward()
     assert layer.weight.grad.shape == (12, 32) and layer.bias.grad.shape == (12,)
 

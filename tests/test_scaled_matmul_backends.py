@@ -161,7 +161,7 @@ def test_auto_on_gpu_runs_the_faster_and_times_on_scratch(fresh_caches):
     assert entry["best"] == min(entry["ms"], key=entry["ms"].get)
     assert flag.item() == 0.0
     stock = old + _stock(a, b, scale, None, torch.float32)  # torch: a bf16 product, added in fp32
-    _assert_accuracy(out, stock, _ref64(a, b, scale, None, old), interpreted_bf16_out=False)
+    _assert_accuracy(out, stock, _ref64(a, b, scale, None, old))
     again = old.clone()
     scaled_matmul(a, b, scale, out=again, accumulate=True, found_inf=flag, backend=entry["best"])
     assert torch.equal(out, again)
@@ -188,7 +188,7 @@ def test_auto_in_a_cuda_graph_capture(fresh_caches):
     scale.fill_(2.0)
     graph.replay()
     torch.cuda.synchronize()
-    _assert_accuracy(out, _stock(a, b, scale, None, a.dtype), _ref64(a, b, scale), interpreted_bf16_out=False)
+    _assert_accuracy(out, _stock(a, b, scale, None, a.dtype), _ref64(a, b, scale))
 
     eager = scaled_matmul(a, b, scale)
     assert len(sm_dispatch.AUTO_LOG) == logged + 1
@@ -223,7 +223,7 @@ def test_triton_in_a_cuda_graph_capture_does_not_tune(monkeypatch, fresh_caches)
     a.copy_(_operand(M, K, torch.float16, "cuda", False))
     graph.replay()
     torch.cuda.synchronize()
-    _assert_accuracy(out, _stock(a, b, 0.5, None, a.dtype), _ref64(a, b, 0.5), interpreted_bf16_out=False)
+    _assert_accuracy(out, _stock(a, b, 0.5, None, a.dtype), _ref64(a, b, 0.5))
     scaled_matmul(a, b, 0.5, backend="triton")
     assert len(triton_sm._TUNED) == len(tuned) + 1
 

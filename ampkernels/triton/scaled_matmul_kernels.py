@@ -28,6 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ampkernels.triton.optimizers_kernels import _rounded
+
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
@@ -125,6 +127,7 @@ def _epilogue_tma(
     OUT_TMA: tl.constexpr,
     SUB_M: tl.constexpr,
     SUB_N: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     offs_m = off_m + tl.arange(0, SUB_M)
     offs_n = off_n + tl.arange(0, SUB_N)
@@ -133,14 +136,14 @@ def _epilogue_tma(
     if OUT_TMA:
         if ACCUMULATE:
             v += out_desc.load([off_m, off_n]).to(tl.float32)
-        stored = v.to(out_desc.dtype)
+        stored = _rounded(v, out_desc.dtype, INTERPRET)
         out_desc.store([off_m, off_n], stored)
     else:
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         if ACCUMULATE:
             v += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        stored = v.to(out_ptr.dtype.element_ty)
+        stored = _rounded(v, out_ptr.dtype.element_ty, INTERPRET)
         tl.store(ptrs, stored, mask=mask)
     if CHECK_FINITE:
         _flag_non_finite(stored, offs_m, offs_n, M, N, found_inf_ptr)
@@ -184,18 +187,18 @@ def _store_halves(
     acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
     found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
     CHECK_FINITE: tl.constexpr, SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, CHECK_AMAX: tl.constexpr,
-    OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    OUT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """The epilogue of a finished tile given as its two halves along N."""
     _epilogue_tma(
         acc_left, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
         found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
-        SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+        SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N // 2, INTERPRET,
     )  # fmt: skip
     _epilogue_tma(
         acc_right, off_m, off_n + BLOCK_N // 2, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
         stride_om, found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
-        SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N // 2,
+        SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N // 2, INTERPRET,
     )  # fmt: skip
 
 
@@ -204,7 +207,7 @@ def _store_tile(
     acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om, found_inf_ptr,
     scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, CHECK_FINITE: tl.constexpr,
     SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, CHECK_AMAX: tl.constexpr, OUT_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """The epilogue of one finished tile, in one piece or in two halves along N."""
     if EPILOGUE_SPLIT == 2:
@@ -212,13 +215,13 @@ def _store_tile(
         _store_halves(
             acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
             stride_om, found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
-            SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N,
+            SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N, INTERPRET,
         )  # fmt: skip
     else:
         _epilogue_tma(
             acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
             found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
-            SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N,
+            SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N, INTERPRET,
         )  # fmt: skip
 
 
@@ -276,7 +279,7 @@ def _scaled_mm_tma_kernel(
     SCALE_B: tl.constexpr,
     CHECK_AMAX: tl.constexpr,
     OUT_TMA: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRET: tl.constexpr,
     MAX_IMPRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -295,6 +298,9 @@ def _scaled_mm_tma_kernel(
     DEVICE_DESC: ``a_desc``/``b_desc`` are the operands' pointers (``out_desc`` is unused) and the descriptors are
     built here from them and ``stride_a``/``stride_b``/``stride_om`` (leading strides of the storage), in the
     global scratch that ``triton.set_allocator`` provides; otherwise all three are host ``TensorDescriptor``s.
+
+    INTERPRET: run by the Triton interpreter: products in fp32 (its bf16 dot is wrong) and 16-bit outputs rounded
+    by ``_rounded`` (its bf16 casts truncate); on a GPU it is False and changes nothing.
 
     STREAM_K: the k-iterations of the first ``stream_k_tiles`` tiles are cut into NUM_PROGRAMS equal ranges, one
     per program, then the other tiles go round-robin whole (a tile count that is not a multiple of the SM count
@@ -354,7 +360,7 @@ def _scaled_mm_tma_kernel(
             off_n = pid_n * BLOCK_N
             acc = _tile_product(
                 a_desc, b_desc, off_m, off_n, lo - tile_begin, hi - tile_begin,
-                A_COL_MAJOR, B_COL_MAJOR, UPCAST, MAX_IMPRECISE, BLOCK_M, BLOCK_N, BLOCK_K,
+                A_COL_MAJOR, B_COL_MAJOR, INTERPRET, MAX_IMPRECISE, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
             if hi == tile_begin + k_tiles:
                 first = _program_of_iteration(tile_begin, per, extra)  # == member when it holds it all
@@ -372,7 +378,7 @@ def _scaled_mm_tma_kernel(
                     _store_halves(
                         acc_left, acc_right, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr,
                         out_desc, out_ptr, stride_om, found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS,
-                        ACCUMULATE, CHECK_FINITE, SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N,
+                        ACCUMULATE, CHECK_FINITE, SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N, INTERPRET,
                     )  # fmt: skip
                 else:
                     acc = _add_partials(
@@ -382,7 +388,7 @@ def _scaled_mm_tma_kernel(
                     _store_tile(
                         acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr,
                         stride_om, found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE,
-                        CHECK_FINITE, SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N, 1,
+                        CHECK_FINITE, SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N, 1, INTERPRET,
                     )  # fmt: skip
             else:  # the range ends inside this tile: hand the partial sum to the program that finishes it
                 mine = partials_ptr + pid * (BLOCK_M * BLOCK_N) + tile_offsets
@@ -395,13 +401,13 @@ def _scaled_mm_tma_kernel(
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = _tile_product(
-            a_desc, b_desc, off_m, off_n, 0, k_tiles, A_COL_MAJOR, B_COL_MAJOR, UPCAST, MAX_IMPRECISE, BLOCK_M, BLOCK_N,
-            BLOCK_K,
+            a_desc, b_desc, off_m, off_n, 0, k_tiles, A_COL_MAJOR, B_COL_MAJOR, INTERPRET, MAX_IMPRECISE,
+            BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
         _store_tile(
             acc, off_m, off_n, M, N, alpha, scale_ptr, scale_mode, bias_ptr, out_desc, out_ptr, stride_om,
             found_inf_ptr, scale_a_ptr, scale_b_ptr, amax_ptr, HAS_BIAS, ACCUMULATE, CHECK_FINITE,
-            SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT,
+            SCALE_A, SCALE_B, CHECK_AMAX, OUT_TMA, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT, INTERPRET,
         )  # fmt: skip
 
 
@@ -432,7 +438,7 @@ def _scaled_mm_ptr_kernel(
     SCALE_A: tl.constexpr,
     SCALE_B: tl.constexpr,
     CHECK_AMAX: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRET: tl.constexpr,
     MAX_IMPRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -460,7 +466,7 @@ def _scaled_mm_ptr_kernel(
             k_left = K - ki * BLOCK_K
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            if UPCAST:
+            if INTERPRET:  # (as _tile_product's UPCAST)
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)
@@ -472,7 +478,7 @@ def _scaled_mm_ptr_kernel(
         out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         if ACCUMULATE:
             v += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
-        stored = v.to(out_ptr.dtype.element_ty)
+        stored = _rounded(v, out_ptr.dtype.element_ty, INTERPRET)
         tl.store(out_ptrs, stored, mask=mask)
         if CHECK_FINITE:
             _flag_non_finite(stored, offs_m, offs_n, M, N, found_inf_ptr)
