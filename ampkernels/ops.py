@@ -99,7 +99,8 @@ def unscale_reduce_(
         write: ``False`` for a read-only check (and norm): the tensors are not written.
         norm_type: ``None``, ``2.0`` or ``inf``: the norm of the unscaled values to return.
         per_tensor: also return each tensor's norm.
-        max_norm: also return the clip coefficient ``min(max_norm / (norm + 1e-6), 1)`` (needs ``norm_type``).
+        max_norm: also return the clip coefficient ``min(max_norm / (norm + 1e-6), 1)`` (needs ``norm_type``;
+            ``>= 0``, ``inf`` allowed).
         backend: ``"native"``, ``"triton"`` or ``"torch"``; default: the best available (see ``python -m
             ampkernels.info``).
 
@@ -120,6 +121,11 @@ def unscale_reduce_(
         if norm_type is None:
             raise ValueError("ampkernels: argument 'max_norm': a clip coefficient needs norm_type")
         _check_real(max_norm, "max_norm")
+        # NOTE: the native op reads a negative max_norm as "no coefficient" (it returns an empty tensor), and a
+        # negative or NaN coefficient would flip or poison every gradient: refused on every backend, as
+        # FusedGradScaler.clip_grad_norm_ refuses it.
+        if not max_norm >= 0:
+            raise ValueError(f"ampkernels: argument 'max_norm': must be >= 0, got {max_norm}")
     tensors = list(tensors)
     name = dispatch.select("unscale_reduce_", device, backend)
     if name == "native":  # the C++ op checks the tensor list (one pass over it, in C++)

@@ -136,6 +136,26 @@ def test_inf_norm_factor_and_clip_coefficient(device, backend):
     torch.testing.assert_close(res.clip_coef, reference.clip_coef(ref_norm, 1.0))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("max_norm", [-1.0, -0.5, math.nan])
+def test_negative_or_nan_max_norm_is_refused_on_every_backend(device, backend, max_norm):
+    """The native op took a negative max_norm for "no coefficient" and returned an empty clip_coef, where the other
+    backends returned a negative one (NaN for NaN): the wrapper refuses both, naming the argument, as
+    FusedGradScaler.clip_grad_norm_ does."""
+    _skip_unless_runs(backend, device)
+    tensors = [torch.ones(4, device=device)]
+    with pytest.raises(ValueError, match="'max_norm': must be >= 0"):
+        ops.unscale_reduce_(
+            tensors, _scalar(1.0, device), _scalar(0.0, device), norm_type=2.0, max_norm=max_norm, backend=backend
+        )
+    assert torch.equal(tensors[0], torch.ones(4, device=device))  # refused before anything ran
+    for edge, coef in ((0.0, 0.0), (math.inf, 1.0)):  # the edges still run, alike on every backend
+        res = ops.unscale_reduce_(
+            tensors, _scalar(1.0, device), _scalar(0.0, device), norm_type=2.0, max_norm=edge, backend=backend
+        )
+        assert res.clip_coef.shape == () and res.clip_coef.item() == coef
+
+
 @pytest.mark.parametrize("backend", ["native", "torch"])
 def test_many_tensors_and_float64(device, backend):
     _skip_unless_runs(backend, device)
