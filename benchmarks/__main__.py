@@ -18,6 +18,7 @@ import argparse
 import importlib
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,6 +64,29 @@ def _benchmark_name(module_name: str) -> str:
     return module_name.removeprefix("bench_")
 
 
+class _Progress(tqdm):
+    """The modules' progress bar, whose ``write`` (interim tables and lines) goes to stderr with the bar, so that
+    stdout keeps only the final report (tqdm's own ``write`` prints to stdout)."""
+
+    @classmethod
+    def write(cls, s, file=None, end="\n", nolock=False):
+        super().write(s, file=sys.stderr if file is None else file, end=end, nolock=nolock)
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why the JSON and PNG files cannot be written under ``out`` (created if missing), or None: checked before any
+    benchmark runs rather than after the first one."""
+    if out.exists() and not out.is_dir():
+        return "exists and is not a folder"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):  # a real write, the surest check
+            pass
+    except OSError as error:
+        return f"cannot write there ({error.strerror or error})"
+    return None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
@@ -101,7 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.sets = [name.strip() for name in sets.split(",") if name.strip()]
     unknown = [name for name in args.sets if name not in PARAM_SETS]
     if unknown or not args.sets:
-        parser.error(f"unknown parameter sets {unknown}; choose from {','.join(PARAM_SETS)}")
+        what = f"unknown parameter sets {unknown}" if unknown else "--sets names no parameter set"
+        parser.error(f"{what}; choose from {','.join(PARAM_SETS)}")
     if args.shrink is not None and args.shrink < 1:
         parser.error("--shrink must be at least 1")
     return args
@@ -120,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device is available", file=sys.stderr)
+        return 2
+    unwritable = _unwritable(args.out)
+    if unwritable is not None:
+        print(f"--out {args.out}: {unwritable}", file=sys.stderr)
         return 2
     cpu_small = device.type == "cpu"
     if cpu_small:
@@ -142,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     reports, summary = [], []
     for module_name in selected_modules(args):
         module = importlib.import_module(f"benchmarks.{module_name}")
-        with tqdm(desc=module.NAME, unit="case", dynamic_ncols=True) as progress:
+        with _Progress(desc=module.NAME, unit="case", dynamic_ncols=True) as progress:
             ctx = RunContext(
                 device,
                 args.sets,

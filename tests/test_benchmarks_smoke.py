@@ -4,6 +4,8 @@ sweep, and every module works end to end at tiny size on the CPU."""
 import importlib.util
 import json
 import math
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -53,12 +55,16 @@ def test_make_params_gives_scaled_random_grads():
     assert all(torch.equal(a.grad, b.grad) and torch.equal(a, b) for a, b in zip(params, again))
 
 
-def test_runner_rejects_unknown_sets():
+def test_runner_rejects_unknown_sets(capsys):
     pytest.importorskip("tqdm")
     from benchmarks.__main__ import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--sets", "bert-base,no-such-set"])
+    assert "unknown parameter sets ['no-such-set']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # nothing named: said so, not "unknown parameter sets []"
+        parse_args(["--sets", " , "])
+    assert "--sets names no parameter set; choose from bert-base," in capsys.readouterr().err
 
 
 def test_default_run_is_the_subset_and_full_the_sweep():
@@ -175,6 +181,56 @@ def test_runner_smoke(tmp_path, capsys):
         png_path = tmp_path / "plot.png"
         assert bench_grad_scaler.plot(document, png_path, "smoke")
         assert png_path.stat().st_size > 0
+
+
+def _fake_grad_scaler_module(monkeypatch, ran: list):
+    """Stands a tiny module in for bench_grad_scaler (and a fixed copy bandwidth in for its measurement), so that the
+    runner itself is tested in a second: its run writes an interim line through the progress bar, as bench_float8's
+    does."""
+    pytest.importorskip("tqdm")
+    from benchmarks import __main__ as runner
+
+    fake = types.ModuleType("benchmarks.bench_grad_scaler")
+    fake.NAME = "grad_scaler"
+
+    def run(ctx):
+        ran.append(ctx)
+        ctx.progress.write("interim table of the fake module")
+        return {"rows": []}
+
+    fake.run = run
+    fake.report = lambda document: "final table of the fake module"
+    fake.summary = lambda document: ["summary line of the fake module"]
+    fake.plot = lambda document, path, title: False
+    monkeypatch.setitem(sys.modules, "benchmarks.bench_grad_scaler", fake)
+    bandwidth = {"gbs": 1.0, "bytes_per_copy": 8, "ms_per_copy": 1.0}
+    monkeypatch.setattr(runner, "measure_copy_bandwidth", lambda *args: bandwidth)
+    return runner
+
+
+def test_runner_keeps_interim_lines_off_stdout(tmp_path, monkeypatch, capsys):
+    """Interim output (the float8 module's tables as they finish) goes to stderr with the progress bar: stdout is the
+    final report alone, each table once (tqdm.write alone prints to stdout)."""
+    ran = []
+    runner = _fake_grad_scaler_module(monkeypatch, ran)
+    assert runner.main(["--only", "grad_scaler", "--out", str(tmp_path), "--no-plot"]) == 0
+    printed = capsys.readouterr()
+    assert len(ran) == 1 and "final table of the fake module" in printed.out
+    assert "interim table" not in printed.out and "interim table of the fake module" in printed.err
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_runner_refuses_an_unwritable_out_before_running(tmp_path, monkeypatch, capsys, where):
+    """An --out that cannot take the results fails at once with a message naming it, not with a traceback after the
+    first module has run (minutes into a --full run)."""
+    ran = []
+    runner = _fake_grad_scaler_module(monkeypatch, ran)
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("")
+    out = a_file if where == "a file" else a_file / "results"
+    assert runner.main(["--only", "grad_scaler", "--out", str(out), "--no-plot"]) == 2
+    assert ran == [] and f"--out {out}: " in capsys.readouterr().err
+    assert a_file.read_text() == ""
 
 
 def test_training_benchmark_smoke(tmp_path):

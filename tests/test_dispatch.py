@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,3 +180,68 @@ def test_backend_choice_traces_under_torch_compile(op):
     torch._dynamo.reset()
     compiled = torch.compile(choose, backend="eager", fullgraph=True)
     assert compiled(torch.zeros(2)).tolist() == [float(sum(eager))] * 2
+
+
+# Run in a fresh interpreter in which the modules named in argv[1] look not installed (every finder returns None for
+# them, as on a machine without them): import, info and a CPU training step must still work.
+_WITHOUT_OPTIONAL_PIECES = r"""
+import sys
+
+blocked = sys.argv[1].split(",")
+
+
+class NotInstalled:
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in blocked):
+            return None
+        return self.finder.find_spec(name, path, target)
+
+    def __getattr__(self, attribute):
+        return getattr(self.finder, attribute)
+
+
+sys.meta_path[:] = [NotInstalled(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+
+import torch
+
+import ampkernels
+from ampkernels import info
+
+print(info.report())
+model = torch.nn.Linear(8, 8)
+optimizer = ampkernels.FusedAdamW(model.parameters(), lr=1e-3)
+scaler = ampkernels.FusedGradScaler("cpu", telemetry=True)
+before = model.weight.detach().clone()
+scaler.scale(model(torch.randn(4, 8)).pow(2).mean()).backward()
+scaler.clip_grad_norm_(optimizer, max_norm=1.0)
+scaler.step(optimizer)
+scaler.update()
+assert not torch.equal(before, model.weight), "the step did not update the weights"
+try:
+    ampkernels.plot_scale_history(scaler, "unused.png")
+except ImportError as error:
+    print("plot:", error)
+"""
+
+
+def test_import_info_and_a_step_work_without_the_optional_pieces(tmp_path):
+    """The README's promise: ``import ampkernels`` and ``python -m ampkernels.info`` work whatever optional piece is
+    missing (the native extension, Triton, matplotlib), and every op falls back to plain PyTorch."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMPKERNELS_") and k != "TRITON_INTERPRET"}
+    blocked = "ampkernels._C,triton,matplotlib"
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_OPTIONAL_PIECES, blocked],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "triton: not installed" in out and "native extension: not available" in out
+    assert "adam (FusedAdam, FusedAdamW): torch [default]" in out
+    assert "plot: plot_scale_history needs matplotlib" in out
