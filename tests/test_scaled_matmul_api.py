@@ -142,6 +142,13 @@ def test_out_requiring_grad_raises_instead_of_dropping_the_gradient(warm):
     torch.testing.assert_close(y.detach(), reference.scaled_matmul(a, b, 0.5), rtol=2e-3, atol=1e-3)
 
 
+def test_scaled_linear_refuses_an_unknown_backend_at_construction():
+    """A float32 input runs on "torch" whatever backend was asked: a typo must not wait for the first bf16 input."""
+    with pytest.raises(ValueError, match="argument 'backend'.*'tirton'"):
+        ScaledLinear(24, 12, backend="tirton")
+    assert ScaledLinear(24, 12, backend="torch").backend == "torch"
+
+
 def test_scaled_linear_takes_1d_input_like_linear():
     """nn.Linear maps an unbatched [in_features] input to [out_features]; so does the drop-in."""
     torch.manual_seed(41)

@@ -766,7 +766,8 @@ class ScaledLinear(torch.nn.Linear):
         backend: str | None = None,
     ) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
-        self.backend = backend
+        # checked here: a float32 input runs on "torch" whatever was asked, so a typo would otherwise go unseen
+        self.backend = dispatch.check_backend("scaled_matmul", backend)
         if isinstance(output_scale, torch.Tensor):
             self.register_buffer("output_scale", output_scale.detach().clone(), persistent=False)
         else:
