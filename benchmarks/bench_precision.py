@@ -326,7 +326,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "notes": [
             "step time: median over repeats of the wall time per step of a loop, host work included",
             *(
-                ["smoke run of tiny models: every recipe runs, the times say nothing about a GPU"]
+                (["smoke run of tiny models: every recipe runs, the times say nothing about a GPU"] if models else [])
                 if ctx.cpu_small
                 else [
                     "peak memory: torch.cuda.max_memory_allocated, reset before each recipe builds its model",
