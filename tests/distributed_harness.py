@@ -3,11 +3,13 @@
 Shared by the multi-process tests (``test_distributed.py``, ``test_float8_fsdp.py``, ``test_lowbit_fsdp.py``,
 ``test_float8_linear.py``): ``run_ranks(tmp_path, fn, *args)`` calls ``fn(rank, world, device, *args)`` in each
 process and returns what each rank returned, in rank order. ``fn`` must be a module-level function (the spawned
-processes import it by name) and return something ``torch.save`` takes.
+processes import it by name) and return something ``torch.save`` takes. ``save_checkpoint`` / ``load_checkpoint``
+take a sharded model and its optimizer through torch.distributed.checkpoint (or rank 0's consolidated state dicts).
 """
 
 from __future__ import annotations
 
+import copy
 import faulthandler
 import os
 import sys
@@ -55,3 +57,47 @@ def _rank_main(rank: int, world: int, backend: str, out_dir: str, fn: Callable[.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def save_checkpoint(model, optimizer, out_dir: str, full: bool) -> dict[str, Any]:
+    """The model's and optimizer's state dicts: saved with torch.distributed.checkpoint under ``out_dir/ckpt`` (each
+    rank its shards), or, ``full``, the consolidated ones rank 0 gets (``full_state_dict``, ``cpu_offload``; copied,
+    since cpu_offload hands CPU tensors over as they are: the live step counts). Returned in both cases."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
+    saved = {
+        "model": get_model_state_dict(model, options=options),
+        "optim": get_optimizer_state_dict(model, optimizer, options=options),
+    }
+    if full:
+        return copy.deepcopy(saved)
+    dcp.save(saved, checkpoint_id=os.path.join(out_dir, "ckpt"))
+    return saved
+
+
+def load_checkpoint(model, optimizer, saved: dict[str, Any], out_dir: str, full: bool) -> None:
+    """Loads what :func:`save_checkpoint` saved into a fresh ``model`` and ``optimizer``: from the files, or, ``full``,
+    from rank 0's consolidated dicts (``broadcast_from_rank0``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if full:
+        state, options = saved, StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    else:
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        dcp.load(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
+        options = None
+    set_model_state_dict(model, state["model"], options=options)
+    set_optimizer_state_dict(model, optimizer, state["optim"], options=options)

@@ -12,11 +12,10 @@ FusedAdamW; that the all-gathers carried FP8 codes, and how many amax reductions
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
-from distributed_harness import needs_two_gpus, run_ranks
+from distributed_harness import load_checkpoint, needs_two_gpus, run_ranks, save_checkpoint
 from torch import nn
 
 from ampkernels import FusedAdamW
@@ -228,14 +227,6 @@ def _checkpoint_worker(rank, world, device, out_dir, full):
     """2 steps of the FP8-gathered model, a checkpoint, a 3rd step; then a fresh model (other initial weights, no
     optimizer state) loads the checkpoint and takes the same 3rd step. ``full``: the consolidated state dicts on
     rank 0 (``full_state_dict``, ``cpu_offload``), loaded with ``broadcast_from_rank0``; else DCP's sharded files."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -258,25 +249,13 @@ def _checkpoint_worker(rank, world, device, out_dir, full):
     model, opt = build(0)
     for index in range(2):
         step(model, opt, index)
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
-    saved = {"model": get_model_state_dict(model, options=options)}
-    saved["optim"] = get_optimizer_state_dict(model, opt, options=options)
+    saved = save_checkpoint(model, opt, out_dir, full)
     saved_types = sorted({type(getattr(v, "_local_tensor", v)).__name__ for v in saved["model"].values()})
-    if full:
-        saved = copy.deepcopy(saved)  # (cpu_offload keeps CPU tensors as they are: the live step counts)
-    else:
-        dcp.save(saved, checkpoint_id=os.path.join(out_dir, "ckpt"))
     step(model, opt, 2)
     want = [p.detach().full_tensor() for p in model.parameters()]
 
     model2, opt2 = build(1)
-    if full:
-        state, options = saved, StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    else:
-        state = {"model": get_model_state_dict(model2), "optim": get_optimizer_state_dict(model2, opt2)}
-        dcp.load(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
-    set_model_state_dict(model2, state["model"], options=options)
-    set_optimizer_state_dict(model2, opt2, state["optim"], options=options)
+    load_checkpoint(model2, opt2, saved, out_dir, full)
     step(model2, opt2, 2)
     result = {
         "saved_types": saved_types,

@@ -14,12 +14,9 @@ last dimension (dim-0 shards never split one, also for an odd number of rows), a
 
 from __future__ import annotations
 
-import copy
-import os
-
 import pytest
 import torch
-from distributed_harness import needs_two_gpus, run_ranks
+from distributed_harness import load_checkpoint, needs_two_gpus, run_ranks, save_checkpoint
 from torch import nn
 
 from ampkernels import FusedAdamW
@@ -191,14 +188,6 @@ def _checkpoint_worker(rank, world, device, config, out_dir, full):
     initial weights, no state) load the checkpoint and take the same 3rd step. Every rank's shards must agree.
     ``full``: instead of sharded files, the consolidated state dicts rank 0 gets with ``full_state_dict=True,
     cpu_offload=True`` (one file's worth, as for an export), loaded back with ``broadcast_from_rank0=True``."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -233,9 +222,7 @@ def _checkpoint_worker(rank, world, device, config, out_dir, full):
     model, opt = build(0)
     for index in range(2):
         step(model, opt, index)
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
-    saved = {"model": get_model_state_dict(model, options=options)}
-    saved["optim"] = get_optimizer_state_dict(model, opt, options=options)
+    saved = save_checkpoint(model, opt, out_dir, full)
     kinds = sorted(
         {
             type(v).__name__
@@ -244,22 +231,12 @@ def _checkpoint_worker(rank, world, device, config, out_dir, full):
             if k != "step" and not isinstance(v, int)
         }
     )
-    if full:
-        saved = copy.deepcopy(saved)  # (cpu_offload keeps CPU tensors as they are: the live step counts)
-    else:
-        dcp.save(saved, checkpoint_id=os.path.join(out_dir, "ckpt"))
     before = shards(opt)
     step(model, opt, 2)
     want = [p.detach().to_local().clone() for p in model.parameters()]
 
     model2, opt2 = build(1)
-    if full:
-        state, options = saved, StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    else:
-        state = {"model": get_model_state_dict(model2), "optim": get_optimizer_state_dict(model2, opt2)}
-        dcp.load(state, checkpoint_id=os.path.join(out_dir, "ckpt"))
-    set_model_state_dict(model2, state["model"], options=options)
-    set_optimizer_state_dict(model2, opt2, state["optim"], options=options)
+    load_checkpoint(model2, opt2, saved, out_dir, full)
     loaded = shards(opt2)
     step(model2, opt2, 2)
     got = [p.detach().to_local().clone() for p in model2.parameters()]
