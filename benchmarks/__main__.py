@@ -44,9 +44,8 @@ BENCHMARK_MODULES = (
     "bench_precision",
     "bench_float8",
 )
-# NOTE: estimated from the complete sweep's per-module times on the H200, the default run takes ~3 min
-# (grad_scaler ~40 s, optimizers ~10 s, training ~55 s, scaled_matmul ~45 s, plus start-up); bench_precision takes
-# ~1 min more and runs with --only precision or --full.
+# NOTE: the default run took 100-109 s on the H200 (two runs; README.md); bench_precision takes ~1 min more and
+# runs with --only precision or --full.
 DEFAULT_MODULES = ("bench_grad_scaler", "bench_optimizers", "bench_training", "bench_scaled_matmul")
 # Two regimes: bandwidth-bound (BERT-base, 202 tensors) and per-tensor host work (10,000 small tensors). GPT-2-medium
 # and Llama-1B are bandwidth-bound too (post-backward phase 1.8x against BERT-base's 2.1x on the H200) and take most
