@@ -571,6 +571,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             or not dispatch.same_params([group["params"]], plan.params)
             or (not plan.buckets and any(p.grad is not None for p in group["params"]))
         ):
+            # Options set on the group since the last plan (a "4bit" string, a new mix) are normalised and checked
+            # as the constructor checks them.
+            self._check_group(group, index)
             plan = self._plans[index] = self._build_plan(index, group)
         return plan
 
@@ -729,7 +732,7 @@ class FusedAdam(_FusedOptimizer):
             in a CUDA graph (replays run no Python), call :meth:`resync_master_weights`.
         exp_avg_dtype, exp_avg_sq_dtype: how the first and second moments are stored (names as TransformerEngine's
             FusedAdam): None (default: as above), ``torch.float32``, ``torch.bfloat16`` (rounded to nearest),
-            ``torch.uint8`` or "8bit" (8-bit block floating point: 1.02 B per element), ``torch.uint4`` or "4bit"
+            ``torch.uint8`` or "8bit" (8-bit block floating point: 1.01 B per element), ``torch.uint4`` or "4bit"
             (4-bit: 0.51 B per element). Quantized moments are decoded, updated in float32 and encoded again in
             the same pass; codes and layout in ``ampkernels.reference`` (blocks of 128 along the last dimension,
             so dim-0 sharding never splits one). Tensors with fewer than 2 dimensions or 4096 elements keep

@@ -552,6 +552,34 @@ def test_a_group_switched_off_quantized_moments_decodes_them(dev, backend, fmt, 
     FusedAdamW(twin, exp_avg_dtype=back_to, exp_avg_sq_dtype=back_to).load_state_dict(opt.state_dict())
 
 
+@pytest.mark.parametrize(("dev", "backend"), backend_params())
+def test_options_set_on_a_group_between_steps_are_normalised_and_checked(dev, backend):
+    """A group's exp_avg_dtype set to an alias ("4bit") between steps steps as torch.uint4 does; a mix the
+    constructor refuses (amsgrad with a quantized second moment) is refused at the next step, naming the group."""
+    params, grads = make_model_params([(32, 256)], dev)
+    twin = [torch.nn.Parameter(params[0].detach().clone())]
+    opts = [
+        FusedAdamW(ps, lr=1e-2, exp_avg_dtype="8bit", exp_avg_sq_dtype="8bit", backend=backend) for ps in (params, twin)
+    ]
+    params[0].grad, twin[0].grad = grads[0][0].clone(), grads[0][0].clone()
+    for opt in opts:
+        opt.step()
+    opts[0].param_groups[0]["exp_avg_dtype"] = "4bit"
+    opts[1].param_groups[0]["exp_avg_dtype"] = torch.uint4
+    params[0].grad, twin[0].grad = grads[1][0].clone(), grads[1][0].clone()
+    for opt in opts:
+        opt.step()
+    assert opts[0].param_groups[0]["exp_avg_dtype"] == torch.uint4
+    assert torch.equal(params[0], twin[0])
+    for key, value in opts[0].state[params[0]].items():
+        assert torch.equal(torch.as_tensor(value), torch.as_tensor(opts[1].state[twin[0]][key])), key
+    opts[0].param_groups[0]["amsgrad"] = True
+    before = params[0].detach().clone()
+    with pytest.raises(ValueError, match="param group 0: amsgrad needs a float32 or bfloat16 exp_avg_sq_dtype"):
+        opts[0].step()
+    assert torch.equal(params[0], before)
+
+
 @pytest.mark.parametrize(
     ("source", "target", "match"),
     [
