@@ -363,6 +363,10 @@ def test_double_backward_raises_instead_of_dropping_second_order_terms(op, backe
     assert all(g.abs().sum() > 0 for g in grads)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         (out.sum() + sum(g.square().sum() for g in grads)).backward()
+    # A loss linear in the output: constant incoming gradients, but the inputs' gradients still depend on them.
+    grads = torch.autograd.grad(out.sum(), inputs, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        sum(g.square().sum() for g in grads).backward()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -247,6 +247,10 @@ def test_double_backward_raises_instead_of_dropping_second_order_terms(recipe):
     assert torch.isfinite(grad_x).all() and grad_x.abs().sum() > 0
     with pytest.raises(RuntimeError, match="differentiate twice"):
         (out.sum() + grad_x.square().sum()).backward()
+    # A loss linear in the output hands the backward a constant gradient; the weight's gradient still depends on x.
+    (grad_w,) = torch.autograd.grad(layer(x).sum(), layer.weight, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad_w.square().sum().backward()
 
 
 # --------------------------------------------------------------------------------------------------------------------

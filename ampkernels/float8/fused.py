@@ -22,9 +22,9 @@ import weakref
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from ampkernels import dispatch, reference
+from ampkernels._autograd import first_order
 from ampkernels.matmul.api import _plain_eager
 from ampkernels.triton import capturing
 
@@ -185,7 +185,7 @@ class _RMSNormFunction(torch.autograd.Function):
         return out.view(shape)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, grad):
         x2, w, rstd = ctx.saved_tensors
         g = grad.reshape(x2.shape).contiguous()
@@ -320,7 +320,7 @@ class _SiluMulFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, grad):
         g, u = ctx.saved_tensors
         grad = grad.contiguous()
@@ -424,7 +424,7 @@ class _RotaryFunction(torch.autograd.Function):
         return _rotate(x, cos, sin, False, backend)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, grad):
         cos, sin = ctx.saved_tensors
         return _rotate(grad, cos, sin, True, ctx.backend), None, None, None

@@ -30,9 +30,9 @@ import weakref
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
+from ampkernels._autograd import first_order
 from ampkernels._modules import buffers_keep_dtype
 from ampkernels.float8.casts import cast_with_produced_amax, to_float8, to_float8_pair
 from ampkernels.float8.fsdp import Float8AllGatherWeight, Float8GatheredWeight, wrap_float8_all_gather
@@ -217,7 +217,7 @@ class _TensorwiseMatmul(torch.autograd.Function):
         return _batched(out, input)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, grad):
         xt8, wt8, x_inv, w_inv, gathered = ctx.saved_tensors
         need_x, need_w, need_bias = ctx.needs_input_grad[:3]
@@ -262,7 +262,7 @@ class _RowwiseMatmul(torch.autograd.Function):
         return _batched(out, input)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, grad):
         xt8, xt_inv, weight = ctx.saved_tensors
         need_x, need_w, need_bias = ctx.needs_input_grad[:3]
