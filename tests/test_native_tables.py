@@ -210,3 +210,214 @@ def test_shared_constants_exported(device):
     native = dispatch.native()
     assert (native.norm_none, native.norm_l2, native.norm_inf) == (0, 1, 2)
     assert native.chunk_size == CHUNK
+
+
+# ---- memory the kernels would reach twice, and arguments they would trust ----
+
+
+def _unscale_op(tensors, scale=2.0, write=True, norm_type=0.0, per_tensor=False):
+    device = tensors[0].device
+    found = torch.zeros(1, device=device)
+    out = torch.ops.ampkernels.unscale_reduce_(
+        tensors, torch.tensor([scale], device=device), found, None, write, norm_type, per_tensor, -1.0
+    )
+    return found, out
+
+
+@pytest.mark.parametrize("views", ["same tensor", "overlapping views"])
+def test_unscale_op_refuses_tensors_sharing_memory_when_writing(device, views):
+    """One element reached through two list entries was unscaled twice (by concurrent blocks on CUDA)."""
+    buf = torch.full((2 * CHUNK + 10,), 8.0, device=device)
+    if views == "same tensor":
+        tensors = [buf, buf]
+    else:
+        tensors = [buf[: CHUNK + 10], buf[CHUNK:]]
+    with pytest.raises(RuntimeError, match=r"argument 'tensors': elements 0 and 1 share memory"):
+        _unscale_op(tensors)
+    assert torch.equal(buf, torch.full_like(buf, 8.0)), "the refused call wrote"
+    # Read-only, the same list is fine: each entry's norm as torch.linalg.vector_norm gives it.
+    found, (_, each, _) = _unscale_op(tensors, write=False, norm_type=2.0, per_tensor=True)
+    want = torch.stack([torch.linalg.vector_norm(t / 2.0) for t in tensors])
+    torch.testing.assert_close(each, want)
+    assert float(found) == 0.0 and torch.equal(buf, torch.full_like(buf, 8.0))
+
+
+def test_unscale_op_refuses_an_expanded_tensor_before_writing_any(device):
+    """The write-back into an expanded tensor failed after the other tensors had been unscaled in place."""
+    dense = torch.full((CHUNK + 3,), 8.0, device=device)
+    expanded = torch.full((1,), 8.0, device=device).expand(40)
+    with pytest.raises(RuntimeError, match=r"argument 'tensors': element 1 has elements that share memory"):
+        _unscale_op([dense, expanded])
+    assert torch.equal(dense, torch.full_like(dense, 8.0)), "the refused call unscaled element 0"
+    found, (norm, _, _) = _unscale_op([dense, expanded], write=False, norm_type=math.inf)
+    assert float(norm) == 4.0 and float(found) == 0.0
+
+
+def test_scaler_refuses_overlapping_grads_of_two_params(device):
+    """Gradients that are overlapping views of one buffer (different start addresses) were unscaled twice where
+    they overlap."""
+    n = CHUNK + 3
+    ps = [torch.nn.Parameter(_randn(n, device, s)) for s in (0, 1)]
+    opt = FusedSGD(ps, lr=0.01, backend="native")
+    scaler = FusedGradScaler(device, init_scale=4.0, backend="native")
+    scaler.scale(torch.ones((), device=device))
+    buf = _randn(n + 100, device, 2)
+    ps[0].grad, ps[1].grad = buf[:n], buf[100:]
+    before = buf.clone()
+    with pytest.raises(RuntimeError, match="parameters 0 and 1 have gradients that share memory"):
+        scaler.unscale_(opt)
+    assert torch.equal(buf, before)
+
+
+def test_scaler_refuses_an_expanded_grad_before_writing_any(device):
+    n = CHUNK + 3
+    ps = [torch.nn.Parameter(_randn(n, device, s)) for s in (0, 1)]
+    opt = FusedSGD(ps, lr=0.01, backend="native")
+    scaler = FusedGradScaler(device, init_scale=4.0, backend="native")
+    scaler.scale(torch.ones((), device=device))
+    ps[0].grad = _randn(n, device, 2)
+    ps[1].grad = torch.full((1,), 3.0, device=device).expand(n)
+    before = ps[0].grad.clone()
+    with pytest.raises(RuntimeError, match="parameter 1 has a gradient whose elements share memory"):
+        scaler.unscale_(opt)
+    assert torch.equal(ps[0].grad, before), "the refused call unscaled parameter 0's gradient"
+
+
+def _update_scale_args(device, **over):
+    args = dict(
+        scale=torch.tensor([4.0], device=device),
+        growth_tracker=torch.zeros(1, dtype=torch.int32, device=device),
+        hysteresis_tracker=torch.ones(1, dtype=torch.int32, device=device),
+        found_inf=torch.zeros(1, device=device),
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=1,
+        hysteresis=1,
+        min_scale=0.0,
+        max_scale=1e30,
+        counters=None,
+        history=None,
+    )
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("count", [-1, -6, -(2**40) - 1])
+def test_update_scale_negative_counter_writes_inside_history(device, count):
+    """history[counters[0] % N] with C++'s `%` wrote before the history for a negative count; the slot is the
+    reference's (torch's remainder, in [0, N))."""
+    storage = torch.full((12,), -7.0, device=device)
+    history = storage[4:8]
+    counters = torch.tensor([count, 0], device=device)
+    torch.ops.ampkernels.update_scale_(**_update_scale_args(device, counters=counters, history=history))
+    assert torch.equal(storage[:4], torch.full((4,), -7.0, device=device)), "wrote before the history"
+    assert torch.equal(storage[8:], torch.full((4,), -7.0, device=device)), "wrote after the history"
+    want = torch.full((4,), -7.0, device=device)
+    want[count % 4] = 8.0  # grown from 4 (growth_interval 1)
+    assert torch.equal(history, want)
+    assert counters.tolist() == [count + 1, 0]
+
+
+@pytest.mark.parametrize("arg", ["growth_interval", "hysteresis"])
+@pytest.mark.parametrize("value", [2**31, 2**32 + 1])
+def test_update_scale_refuses_counts_beyond_int32(device, arg, value):
+    """The trackers are int32: hysteresis 2**32 + 1 was stored as 1 (backing off at every overflow)."""
+    args = _update_scale_args(device, **{arg: value})
+    with pytest.raises(RuntimeError, match=rf"argument '{arg}': must be in \[1, 2\*\*31\)"):
+        torch.ops.ampkernels.update_scale_(**args)
+    assert float(args["scale"]) == 4.0
+
+
+@pytest.mark.parametrize(
+    "kind,state,msg",
+    [
+        ("adam", "no step", "Adam needs exp_avg, exp_avg_sq and step"),
+        ("adam", "no exp_avg_sq", "Adam needs exp_avg, exp_avg_sq and step"),
+        ("sgd", "buffer without step", "SGD takes momentum_buffer and step tensors together"),
+    ],
+)
+def test_optimizer_table_refuses_missing_state_lists(device, kind, state, msg):
+    """The kernels read these lists unchecked: a missing moment was dereferenced (a crash), a missing step count
+    left the step size unset (the parameters stepped by garbage)."""
+    p = torch.nn.Parameter(_randn(100, device, 0))
+    p.grad = _randn(100, device, 1)
+    like = lambda: torch.zeros_like(p)  # noqa: E731
+    step = [torch.zeros(1, device=device)]
+    lists = {
+        "no step": [[like()], [like()], [], [], []],
+        "no exp_avg_sq": [[like()], [], [], [], step],
+        "buffer without step": [[like()], [], [], [], []],
+    }[state]
+    with pytest.raises(RuntimeError, match=rf"argument 'state': {msg}"):
+        dispatch.native().OptimizerTable(kind, [p.detach()], lists, [], torch.float32)
+
+
+def _matmul_cpu_args(**over):
+    args = dict(
+        a=torch.randn(6, 4).half(),
+        b=torch.randn(4, 5).half(),
+        scale=None,
+        scale_mode=0,
+        alpha=1.0,
+        bias=None,
+        out=torch.empty(6, 5),
+        accumulate=False,
+        found_inf=None,
+    )
+    args.update(over)
+    return args
+
+
+def _padded_a_under_out():
+    """a: rows of 4 halfs 16 apart (a view with gaps: torch's overlap test says "too hard"); out over its rows."""
+    wide = torch.zeros(6, 16, dtype=torch.float16)
+    return dict(a=wide[:, :4], out=wide.view(torch.float32).reshape(-1)[:30].view(6, 5))
+
+
+@pytest.mark.parametrize("op", ["scaled_matmul_wmma_", "scaled_matmul_wgmma_"])
+@pytest.mark.parametrize(
+    "arg,over",
+    [
+        ("bias", lambda out: dict(bias=out[1])),
+        ("scale", lambda out: dict(scale_mode=3, scale=out[2])),
+        ("scale", lambda out: dict(scale_mode=1, scale=out[3, 4:])),
+        ("found_inf", lambda out: dict(found_inf=out[0, :1])),
+        ("a", lambda out: _padded_a_under_out()),
+    ],
+)
+def test_scaled_matmul_out_must_not_overlap_what_the_kernel_reads(device, op, arg, over):
+    """The kernels write `out` while they read the scale and bias and write found_inf: the op checked only a and b
+    (and those only where torch's overlap test could tell)."""
+    if device != "cpu":
+        pytest.skip("argument checks, run on CPU tensors")
+    out = torch.empty(6, 5)
+    args = _matmul_cpu_args(out=out)
+    args.update(over(out))
+    with pytest.raises(RuntimeError, match=rf"argument 'out': must not overlap '{arg}'"):
+        getattr(torch.ops.ampkernels, op)(**args)
+
+
+def test_scaled_matmul_fp8_out_must_not_overlap_its_factors(device):
+    if device != "cpu":
+        pytest.skip("argument checks, run on CPU tensors")
+    a = torch.zeros(6, 32).to(torch.float8_e4m3fn)
+    b = torch.zeros(5, 32).to(torch.float8_e4m3fn).t()
+    for name in ("scale_a", "scale_b", "amax_out"):
+        out = torch.empty(6, 5)
+        factors = dict(scale_a=None, scale_b=None, amax_out=None)
+        factors[name] = out[1, :1]
+        with pytest.raises(RuntimeError, match=rf"argument 'out': must not overlap '{name}'"):
+            torch.ops.ampkernels.scaled_matmul_fp8_wgmma_(
+                a,
+                b,
+                factors["scale_a"],
+                factors["scale_b"],
+                None,
+                0,
+                1.0,
+                None,
+                out,
+                False,
+                None,
+                factors["amax_out"],
+            )

@@ -6,9 +6,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "common/constants.h"
@@ -40,6 +42,38 @@ bool all_params_pass(int64_t n, const Check& check) {
     }
   });
   return ok.load();
+}
+
+// The bytes [begin, end) some of a tensor's elements occupy, and an index naming the tensor (the caller's choice).
+struct MemorySpan {
+  uintptr_t begin, end;
+  int64_t owner;
+};
+
+// All the memory of a non-overlapping and dense tensor (its elements fill it); of any other tensor only its first
+// element, a subset, so that an intersection found with it is a real one. Empty for zero elements.
+inline MemorySpan memory_span(const void* ptr, int64_t numel, size_t itemsize, bool dense, int64_t owner) {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  const uintptr_t bytes = numel <= 0 ? 0 : (dense ? static_cast<uintptr_t>(numel) : 1) * itemsize;
+  return {begin, begin + bytes, owner};
+}
+
+inline MemorySpan memory_span(const at::Tensor& t, int64_t owner) {
+  return memory_span(t.data_ptr(), t.numel(), t.element_size(), t.is_non_overlapping_and_dense(), owner);
+}
+
+// Two owners whose spans share a byte (the smaller owner first), or {-1, -1} when no two do. O(n log n).
+inline std::pair<int64_t, int64_t> find_intersecting(std::vector<MemorySpan> spans) {
+  spans.erase(std::remove_if(spans.begin(), spans.end(), [](const MemorySpan& s) { return s.begin == s.end; }),
+              spans.end());
+  std::sort(spans.begin(), spans.end(), [](const MemorySpan& a, const MemorySpan& b) { return a.begin < b.begin; });
+  uintptr_t reach = 0;  // the furthest end of the spans so far, and whose it is
+  int64_t reach_owner = -1;
+  for (const MemorySpan& s : spans) {
+    if (reach_owner >= 0 && s.begin < reach) return {std::min(reach_owner, s.owner), std::max(reach_owner, s.owner)};
+    if (s.end > reach) reach = s.end, reach_owner = s.owner;
+  }
+  return {-1, -1};
 }
 
 struct TableGroup {

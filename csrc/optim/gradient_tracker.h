@@ -119,18 +119,19 @@ class AMPK_HIDDEN GradientTracker {
   std::vector<uint8_t> moved_;      // per parameter, during refresh(): its gradient moved since the last one
 };
 
-// Two entries for one parameter (torch.optim only warns about duplicates) would be stepped twice by concurrent
-// blocks, racing on the parameter and its state. Parameters sharing one gradient are fine: gradients are read-only.
+// Two entries for one parameter (torch.optim only warns about duplicates), or two parameters over overlapping memory,
+// would be stepped twice by concurrent blocks, racing on the parameter and its state. Parameters sharing one gradient
+// are fine: gradients are read-only.
 inline void check_distinct(const std::vector<const void*>& ptrs, const std::vector<at::Tensor>& params) {
-  std::vector<std::pair<const void*, int64_t>> order;
-  order.reserve(ptrs.size());
+  std::vector<MemorySpan> spans;
+  spans.reserve(ptrs.size());
   for (size_t i = 0; i < ptrs.size(); ++i)
-    if (params[i].numel() > 0) order.emplace_back(ptrs[i], static_cast<int64_t>(i));
-  std::sort(order.begin(), order.end());
-  for (size_t k = 1; k < order.size(); ++k)
-    AMPK_CHECK_ARG(order[k].first != order[k - 1].first, "params", "parameters ", order[k - 1].second, " and ",
-                   order[k].second, " share their memory (the same parameter twice in one param group?); each "
-                   "parameter must appear once");
+    spans.push_back(memory_span(ptrs[i], params[i].numel(), params[i].element_size(),
+                                params[i].is_non_overlapping_and_dense(), static_cast<int64_t>(i)));
+  const auto [first, second] = find_intersecting(std::move(spans));
+  AMPK_CHECK_ARG(first < 0, "params", "parameters ", first, " and ", second,
+                 " share their memory (the same parameter twice in one param group, or overlapping views?); each "
+                 "parameter must appear once");
 }
 
 // Uploads `values` to `device` as int64 (`host`: the source, `dev`: the copy the kernels read). A fresh pinned

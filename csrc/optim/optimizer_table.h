@@ -94,6 +94,17 @@ class AMPK_HIDDEN OptimizerTable {
                        " must have the shape and strides of its parameter");
       }
     }
+    // The kernels read these lists without checking each pointer: Adam's moments and step counts (a null moment
+    // would be dereferenced, a missing step leave the bias corrections unset), and SGD's step count with its
+    // momentum buffers (it tells the kernels the first step).
+    auto present = [&](int list) { return !state_[list - 1].empty(); };
+    if (kind_ == OptimizerKind::kAdam) {
+      AMPK_CHECK_ARG(present(kExpAvgList) && present(kExpAvgSqList) && present(kStepList), "state",
+                     "Adam needs exp_avg, exp_avg_sq and step tensors (lists 1, 2 and 5)");
+    } else {
+      AMPK_CHECK_ARG(present(kExpAvgList) == present(kStepList), "state",
+                     "SGD takes momentum_buffer and step tensors together (lists 1 and 5), or neither");
+    }
     table_ = std::make_unique<TensorTable>(params_, device_);
     TORCH_INTERNAL_ASSERT(table_->groups().size() == 1, "one parameter dtype per table");
     check_distinct(grads_.param_ptrs(), params_);

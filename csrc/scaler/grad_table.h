@@ -2,6 +2,7 @@
 // FusedGradScaler's host work per step does not grow tensor by tensor. Bound to Python in bindings.cpp.
 #pragma once
 
+#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -42,6 +43,12 @@ class AMPK_HIDDEN GradTable {
     // clip_grad_norm_), which saves re-reading every parameter.
     if (revalidate || !table_) refresh();
     check_scalars(scale, found_inf, factor, device_);
+    // Refused before anything is written: the copy back would fail after the other gradients were unscaled.
+    if (write)
+      for (const auto& [i, copy] : staged_)
+        AMPK_CHECK_ARG(at::has_internal_overlap(params_[i].grad()) != at::MemOverlap::Yes, "params", "parameter ",
+                       i, " has a gradient whose elements share memory (an expanded tensor?), which cannot be "
+                       "unscaled in place; give it a gradient of its own (.clone())");
     UnscaleReduceArgs a = make_args(scale, found_inf, factor, write, norm_type, max_norm);
     auto outputs = make_outputs(a, static_cast<int64_t>(params_.size()), per_tensor, device_);
     for (auto& [i, copy] : staged_) copy.copy_(params_[i].grad());
@@ -135,18 +142,18 @@ class AMPK_HIDDEN GradTable {
     ++rebuilds_;
   }
 
-  // One gradient reached through two parameters (two parameters sharing a .grad, or one parameter twice) would be
-  // unscaled twice, by concurrent blocks on CUDA, and counted twice in the norms.
+  // One gradient reached through two parameters (two parameters sharing a .grad, one parameter twice, or views of
+  // one buffer that overlap) would be unscaled twice, by concurrent blocks on CUDA, and counted twice in the norms.
   void check_distinct() const {
-    std::vector<std::pair<const void*, int64_t>> order;
-    order.reserve(keys_.size());
+    std::vector<MemorySpan> spans;
+    spans.reserve(keys_.size());
     for (size_t k = 0; k < keys_.size(); ++k)
-      if (keys_[k].numel > 0) order.emplace_back(keys_[k].ptr, param_index_[k]);
-    std::sort(order.begin(), order.end());
-    for (size_t k = 1; k < order.size(); ++k)
-      AMPK_CHECK_ARG(order[k].first != order[k - 1].first, "params", "parameters ", order[k - 1].second, " and ",
-                     order[k].second, " have the same gradient tensor (one parameter twice, or a shared .grad); "
-                     "each gradient must belong to one parameter");
+      spans.push_back(memory_span(keys_[k].ptr, keys_[k].numel, c10::elementSize(keys_[k].dtype), dense_[k] != 0,
+                                  param_index_[k]));
+    const auto [first, second] = find_intersecting(std::move(spans));
+    AMPK_CHECK_ARG(first < 0, "params", "parameters ", first, " and ", second, " have gradients that share memory "
+                   "(the same gradient tensor twice: one parameter twice, or a shared .grad; or overlapping views of "
+                   "one buffer); each gradient must belong to one parameter");
   }
 
   std::vector<at::Tensor> params_;

@@ -99,7 +99,12 @@ C10_HOST_DEVICE inline void update_scale_step(float* scale, I* growth_tracker, I
     const int64_t n = counters[0];
     counters[0] = n + 1;
     counters[1] += found ? 1 : 0;
-    if (history != nullptr && history_len > 0) history[n % history_len] = *scale;
+    // The slot of update n, n mod history_len in [0, history_len) also for a negative count (a counter loaded
+    // from elsewhere), as reference.update_scale_'s tensor remainder gives it: `%` alone would write before history.
+    if (history != nullptr && history_len > 0) {
+      const int64_t slot = n % history_len;
+      history[slot < 0 ? slot + history_len : slot] = *scale;
+    }
   }
 }
 

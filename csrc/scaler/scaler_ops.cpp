@@ -1,13 +1,16 @@
 // The loss-scaler ops ampkernels::unscale_reduce_ and ampkernels::update_scale_: schemas, argument checks and
 // CPU/CUDA registrations, and the helpers GradTable (scaler/grad_table.h) shares with them.
+#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/checks.h"
@@ -81,24 +84,39 @@ namespace {
 
 // ---- ampkernels::unscale_reduce_ (list form, for any list of tensors) ----
 
+// A launch table, and two of its tensors that share memory ({-1, -1}: none do; see overlap_of).
+struct CachedTable {
+  std::shared_ptr<TensorTable> table;
+  std::pair<int64_t, int64_t> overlap;
+};
+
+// Two of `dense` (non-overlapping and dense tensors, in the caller's order) whose memory intersects, or {-1, -1}.
+std::pair<int64_t, int64_t> overlap_of(const std::vector<at::Tensor>& dense) {
+  std::vector<MemorySpan> spans;
+  spans.reserve(dense.size());
+  for (size_t i = 0; i < dense.size(); ++i) spans.push_back(memory_span(dense[i], static_cast<int64_t>(i)));
+  return find_intersecting(std::move(spans));
+}
+
 // Tables of recent lists, so a caller that passes the same tensors every step skips the rebuild and the upload.
+// The overlap check is kept with its table: it depends only on what the table is keyed by (addresses, sizes, dtypes).
 struct TableCache {
   static constexpr size_t kEntries = 8;
-  std::deque<std::shared_ptr<TensorTable>> entries;
+  std::deque<CachedTable> entries;
 
-  std::shared_ptr<TensorTable> get(const std::vector<at::Tensor>& tensors, at::Device device) {
+  CachedTable get(const std::vector<at::Tensor>& tensors, at::Device device) {
     for (auto it = entries.begin(); it != entries.end(); ++it) {
-      if ((*it)->device() == device && (*it)->matches(tensors)) {
-        auto hit = *it;
+      if (it->table->device() == device && it->table->matches(tensors)) {
+        CachedTable hit = *it;
         entries.erase(it);
         entries.push_front(hit);
         return hit;
       }
     }
-    auto table = std::make_shared<TensorTable>(tensors, device);
-    entries.push_front(table);
+    CachedTable made{std::make_shared<TensorTable>(tensors, device), overlap_of(tensors)};
+    entries.push_front(made);
     if (entries.size() > kEntries) entries.pop_back();
-    return table;
+    return made;
   }
 };
 
@@ -123,6 +141,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_reduce_(at::TensorList te
     if (t.is_non_overlapping_and_dense()) {
       dense.push_back(t);
     } else {
+      // Refused before anything is written: the copy back would fail after the other tensors were unscaled.
+      AMPK_CHECK_ARG(!write || at::has_internal_overlap(t) != at::MemOverlap::Yes, "tensors", "element ", i,
+                     " has elements that share memory (an expanded tensor?) and cannot be written in place; pass "
+                     "write=False or a tensor of its own (.clone())");
       staged.emplace_back(t, t.contiguous());
       dense.push_back(staged.back().second);
     }
@@ -131,13 +153,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_reduce_(at::TensorList te
   // (which aborts the process at exit).
   static TableCache& cache = *new TableCache();
   static std::mutex cache_mutex;
-  std::shared_ptr<TensorTable> table;
+  CachedTable cached;
   if (staged.empty()) {
     const std::lock_guard<std::mutex> lock(cache_mutex);
-    table = cache.get(dense, device);
+    cached = cache.get(dense, device);
   } else {  // staged copies are fresh allocations every call: keep them out of the cache
-    table = std::make_shared<TensorTable>(dense, device);
+    cached = {std::make_shared<TensorTable>(dense, device), overlap_of(dense)};
   }
+  // Tensors the kernels write in place must be disjoint: memory reached twice would be unscaled twice (by
+  // concurrent blocks on CUDA) and counted twice in the norms. Staged copies are fresh memory, never reported.
+  const auto [first, second] = cached.overlap;
+  AMPK_CHECK_ARG(!write || first < 0, "tensors", "elements ", first, " and ", second,
+                 " share memory (the same tensor twice, or overlapping views) and would be unscaled twice; pass "
+                 "each tensor once, or write=False");
+  const TensorTable* table = cached.table.get();
 
   UnscaleReduceArgs a = make_args(scale, found_inf, factor, write, norm_type, max_norm);
   auto outputs = make_outputs(a, static_cast<int64_t>(tensors.size()), per_tensor, device);
@@ -162,8 +191,11 @@ void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, co
   AMPK_CHECK_SAME_DEVICE(growth_tracker, scale, "growth_tracker");
   AMPK_CHECK_SAME_DEVICE(hysteresis_tracker, scale, "hysteresis_tracker");
   AMPK_CHECK_SAME_DEVICE(found_inf, scale, "found_inf");
-  AMPK_CHECK_ARG(growth_interval > 0, "growth_interval", "must be positive, got ", growth_interval);
-  AMPK_CHECK_ARG(hysteresis > 0, "hysteresis", "must be positive, got ", hysteresis);
+  // The trackers are int32: a larger count would be truncated when stored (hysteresis) or never reached.
+  constexpr int64_t kMaxCount = std::numeric_limits<int32_t>::max();
+  AMPK_CHECK_ARG(growth_interval > 0 && growth_interval <= kMaxCount, "growth_interval",
+                 "must be in [1, 2**31), got ", growth_interval);
+  AMPK_CHECK_ARG(hysteresis > 0 && hysteresis <= kMaxCount, "hysteresis", "must be in [1, 2**31), got ", hysteresis);
   UpdateScaleArgs a{scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor, backoff_factor,
                     growth_interval, hysteresis, min_scale, max_scale, {}, {}};
   if (counters.has_value()) {
