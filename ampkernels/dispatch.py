@@ -58,7 +58,7 @@ Read at build time by ``setup.py``: ``AMPKERNELS_NO_NATIVE=1`` (no C++ at all), 
 kernels only).
 
 The backend variables are read on each choice; scaled_matmul remembers its choice per call signature, so call
-``ampkernels.scaled_matmul.clear_caches()`` after changing them in a running process.
+``ampkernels.matmul.clear_caches()`` after changing them in a running process.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ def _op_line(op: str, device: torch.device) -> str:
 
 
 def report() -> str:
+    """What ``python -m ampkernels.info`` prints, as one string."""
     lines = [f"ampkernels {__version__}", f"python {platform.python_version()}, torch {torch.__version__}"]
     try:
         import triton
@@ -91,6 +92,7 @@ def report() -> str:
 
 
 def main() -> None:
+    """Print :func:`report`."""
     print(report())
 
 

@@ -90,8 +90,8 @@ def unscale_reduce_(
     """One fused pass over many tensors: unscale in place, flag non-finite values, and take norms.
 
     Args:
-        tensors: tensors of float32/float16/bfloat16/float64, mixed freely, all on ``found_inf``'s device; any
-            layout (non-dense views are staged through a contiguous copy).
+        tensors: strided tensors of float32/float16/bfloat16/float64, mixed freely, all on ``found_inf``'s
+            device; any strides (non-dense views are staged through a contiguous copy).
         scale: float32, 1 element: the loss scale; values are multiplied by ``fp32(1 / fp64(scale))``, exactly as
             ``torch.amp.GradScaler.unscale_`` does.
         found_inf: float32, 1 element: set to 1.0 when any input element is inf or NaN; never cleared.
