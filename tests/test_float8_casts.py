@@ -599,6 +599,20 @@ def test_large_bitwise(path, delayed, backend):
 
 
 @gpu
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("where", ["first", "last", "middle"])
+@pytest.mark.parametrize("path", ["tensor", "tensor_t", "pair"])
+def test_current_scale_waits_for_the_whole_amax_pass(path, where, backend):
+    """The cast after the amax pass (a programmatic dependent launch on sm_90+) must see every block's amax: one
+    element 600x the rest, where the first, the last or a middle block of the pass reads it, moves every code."""
+    x = torch.randn(8192, 1024, generator=torch.Generator().manual_seed(16)).to(torch.bfloat16).to(DEV)
+    index = {"first": 0, "last": x.numel() - 1, "middle": x.numel() // 2 + 12345}[where]
+    x.view(-1)[index] = 3072.0
+    assert x.float().abs().max().item() == 3072.0 and (x.float().abs() > 10).sum().item() == 1
+    _check(path, x, torch.float8_e4m3fn, backend=backend)
+
+
+@gpu
 @needs_triton
 @pytest.mark.parametrize("dtype", FP8, ids=str)
 @pytest.mark.parametrize("path", list(PATHS))

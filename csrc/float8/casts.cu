@@ -15,7 +15,10 @@
 // Current scaling reads the amax pass's scratch and computes the scale in the kernel; delayed scaling (a given
 // scale) records this pass's amax into the scratch, and the last block to finish (an atomic ticket) writes amax_out
 // and found_inf. The scratch layout, int32 [2 * columns + 1] = (finite amax as float bits, non-finite flags, ticket),
-// is the one the Triton casts and the fused producers of ampkernels.float8 use. Nothing here syncs with the host.
+// is the one the Triton casts and the fused producers of ampkernels.float8 use. A flat tensorwise cast's amax pass
+// instead leaves one (amax, flag) partial per block, which every cast block reduces: no zeroed scratch, so no memset
+// launch. On sm_90+ the cast after an amax pass is launched as its programmatic dependent: its blocks start as the
+// pass's retire, not after a launch gap. Nothing here syncs with the host.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -26,6 +29,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "common/checks.h"
 #include "common/multi_tensor_apply.cuh"
@@ -39,6 +43,8 @@ namespace {
 // Floor of the amax a scale is computed from (reference.FLOAT8_AMAX_FLOOR).
 constexpr float kAmaxFloor = 1e-12f;
 constexpr int kLoadsInFlight = 4;
+// Blocks of kThreads resident on one SM at most (2048 threads per SM on every architecture since Volta).
+constexpr int kMaxResidentBlocks = 2048 / kThreads;
 // Tiles of the transposing casts: 128 x 128, so that both layouts are written in whole 128-byte lines. The codes
 // of a tile pass through shared memory; each thread writes a run of 16 codes of one x.T row (one 16-byte store),
 // 8 threads one 128-byte line.
@@ -69,6 +75,8 @@ struct CastState {
   unsigned* scratch_amax;  // finite amax as float bits (non-negative floats order as unsigned integers)
   int* scratch_bad;        // non-finite flags
   unsigned* ticket;        // blocks finished (the last one finishes a delayed pass's record)
+  uint2* partials;         // current scaling of a flat tensor: the amax pass's (amax bits, non-finite) per block
+  int parts;               // blocks of that pass; 0: the tensor's amax is in scratch_amax / scratch_bad
   float* amax_out;         // max(amax_out, amax) where the amax is finite
   float* found_inf;        // set to 1 when x holds an inf or NaN
   bool record;             // delayed: reduce this pass's amax into the scratch and finish it
@@ -153,8 +161,43 @@ __device__ __forceinline__ Codes<VEC> cast_vec(const Vec<T, VEC>& r, float scale
   return encode<kE4M3>(p);
 }
 
+// Programmatic dependent launch (sm_90+): a cast launched as a dependent of its amax pass (launch_cast) starts
+// as the pass's blocks retire instead of after its last one, and waits at wait_for_amax_pass() before it reads
+// what the pass wrote. Both are no-ops in a kernel launched the ordinary way. Loading x before the wait (the pass
+// does not write it) took the bf16 flat cast from 40 to 62 registers, 6 blocks per SM to 4, so it waits first.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_amax_pass() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// The tensor's (finite amax, non-finite flag) from the amax pass's per-block partials, in every thread.
+__device__ __forceinline__ void reduce_partials(const uint2* __restrict__ partials, int parts, float& amax,
+                                                bool& bad) {
+  __shared__ float s_amax;
+  float acc = 0.0f;
+  bool b = false;
+#pragma unroll 4
+  for (int p = threadIdx.x; p < parts; p += kThreads) {
+    const uint2 v = partials[p];
+    acc = fmaxf(acc, __uint_as_float(v.x));
+    b |= v.y != 0;
+  }
+  block_reduce<true>(b, acc);  // b: in every thread; acc: in thread 0
+  if (threadIdx.x == 0) s_amax = acc;
+  __syncthreads();
+  amax = s_amax;
+  bad = b;
+}
+
 // The scale of a tensorwise cast; the leader (one thread of the launch) writes scale_inv, and for current scaling
-// amax_out and found_inf.
+// amax_out and found_inf. Every thread of the block calls it.
 template <bool kE4M3>
 __device__ __forceinline__ float tensor_scale(const CastState& s, bool leader) {
   if (s.scale != nullptr) {
@@ -162,8 +205,14 @@ __device__ __forceinline__ float tensor_scale(const CastState& s, bool leader) {
     if (leader) *s.scale_inv = __frcp_rn(scale);
     return scale;
   }
-  const float amax = __uint_as_float(*s.scratch_amax);
-  const bool bad = *s.scratch_bad != 0;
+  float amax;
+  bool bad;
+  if (s.parts > 0) {
+    reduce_partials(s.partials, s.parts, amax, bad);
+  } else {
+    amax = __uint_as_float(*s.scratch_amax);
+    bad = *s.scratch_bad != 0;
+  }
   const float scale = scale_of(amax, bad, Fp8<kE4M3>::kMax);
   if (leader) {
     *s.scale_inv = __frcp_rn(scale);
@@ -204,9 +253,13 @@ __device__ __forceinline__ void finish_tensor(const CastState& s) {
   if (s.found_inf != nullptr && bad) *s.found_inf = 1.0f;
 }
 
+// The block's result goes to its own slot of `partials` (no zeroed scratch needed), or with atomics into the
+// scratch where partials is null.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    amax_flat_kernel(const T* __restrict__ x, int64_t n, unsigned* scratch_amax, int* scratch_bad) {
+    amax_flat_kernel(const T* __restrict__ x, int64_t n, unsigned* scratch_amax, int* scratch_bad,
+                     uint2* partials) {
+  allow_dependents();
   float acc = 0.0f;
   bool bad = false;
   const int64_t nvec = n / VEC;
@@ -228,7 +281,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t e = nvec * VEC + int64_t(blockIdx.x) * kThreads + threadIdx.x; e < n; e += stride)
     accumulate(static_cast<float>(x[e]), acc, bad);
-  reduce_into_scratch(acc, bad, scratch_amax, scratch_bad);
+  if (partials == nullptr) {
+    reduce_into_scratch(acc, bad, scratch_amax, scratch_bad);
+    return;
+  }
+  block_reduce<true>(bad, acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = make_uint2(__float_as_uint(acc), bad ? 1u : 0u);
 }
 
 // Grid (column blocks of 32 * VEC, row strips of `rows_per_block`): each warp reads whole 32-vector row segments
@@ -238,6 +296,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     amax_columns_kernel(const T* __restrict__ x, int64_t M, int64_t K, int64_t stride_m, int64_t stride_k,
                         int64_t rows_per_block, unsigned* scratch_amax, int* scratch_bad, bool per_column) {
+  allow_dependents();
   constexpr int kWarps = kThreads / 32;
   __shared__ float s_acc[kWarps][32 * VEC];
   __shared__ int s_bad[kWarps][32 * VEC];
@@ -283,6 +342,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int VEC, bool kE4M3>
 __global__ void __launch_bounds__(kThreads)
     cast_flat_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t n, CastState s) {
+  wait_for_amax_pass();
   const float scale = tensor_scale<kE4M3>(s, blockIdx.x == 0 && threadIdx.x == 0);
   const bool record = s.record;
   float acc = 0.0f;
@@ -457,6 +517,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const bool record = s.record;
   float scale = 1.0f;
   if (threadIdx.x < kTileK) s_colmax[threadIdx.x] = 0u, s_colbad[threadIdx.x] = 0;
+  wait_for_amax_pass();
   if (per_column) {
     if (threadIdx.x < kTileK) {
       const int64_t k = k0 + threadIdx.x;
@@ -614,9 +675,27 @@ int64_t resident_blocks(int64_t sms) {
   return sms * n;
 }
 
+// A cast kernel's launch; `dependent` (after an amax pass, on sm_90+): as the pass's programmatic dependent, which
+// waits at wait_for_amax_pass().
+template <typename... Params, typename... Args>
+void launch_cast(void (*kernel)(Params...), int64_t blocks, bool dependent, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute programmatic[1];
+  programmatic[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic[0].val.programmaticStreamSerializationAllowed = 1;
+  if (dependent) {
+    config.attrs = programmatic;
+    config.numAttrs = 1;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 template <typename T, bool kE4M3, int VEC>
 void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::Tensor& data_t, CastState s,
-            bool current_amax_pass, int64_t sms, cudaStream_t stream) {
+            bool current_amax_pass, int64_t sms, bool programmatic, cudaStream_t stream) {
   const T* xp = x.data_ptr<T>();
   const int64_t M = x.size(0), K = x.size(1), n = x.numel();
   const int64_t stride_m = x.stride(0), stride_k = x.stride(1);
@@ -626,6 +705,8 @@ void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::
   const bool flat_aligned = reinterpret_cast<uintptr_t>(xp) % 16 == 0;
   uint8_t* out = a.write_data ? reinterpret_cast<uint8_t*>(data.data_ptr()) : nullptr;
   uint8_t* out_t = a.write_t ? reinterpret_cast<uint8_t*>(data_t.data_ptr()) : nullptr;
+  // The cast after this call's amax pass starts as the pass's blocks retire (see wait_for_amax_pass).
+  const bool dependent = current_amax_pass && programmatic;
   // Blocks of a flat grid-stride kernel: one per kThreads vectors, at most one wave.
   const auto flat_blocks = [&](int64_t resident) {
     return std::max<int64_t>(1, std::min((n / kFlatVec + kThreads - 1) / kThreads, resident));
@@ -650,15 +731,19 @@ void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::
   }
   if (current_amax_pass) {
     if (flat && !per_column) {
+      // With s.partials, one partial per block: the cast reduces s.parts of them.
+      int64_t blocks;
       if (flat_aligned) {
         constexpr auto kernel = amax_flat_kernel<T, kFlatVec>;
-        kernel<<<flat_blocks(resident_blocks<kernel>(sms)), kThreads, 0, stream>>>(xp, n, s.scratch_amax,
-                                                                                   s.scratch_bad);
+        blocks = flat_blocks(resident_blocks<kernel>(sms));
+        kernel<<<blocks, kThreads, 0, stream>>>(xp, n, s.scratch_amax, s.scratch_bad, s.partials);
       } else {
         constexpr auto kernel = amax_flat_kernel<T, 1>;
-        kernel<<<flat_blocks(resident_blocks<kernel>(sms)), kThreads, 0, stream>>>(xp, n, s.scratch_amax,
-                                                                                   s.scratch_bad);
+        blocks = flat_blocks(resident_blocks<kernel>(sms));
+        kernel<<<blocks, kThreads, 0, stream>>>(xp, n, s.scratch_amax, s.scratch_bad, s.partials);
       }
+      TORCH_INTERNAL_ASSERT(blocks <= sms * kMaxResidentBlocks);
+      if (s.partials != nullptr) s.parts = static_cast<int>(blocks);
     } else {
       constexpr auto kernel = amax_columns_kernel<T, VEC>;
       const int64_t column_blocks = (K + 32 * VEC - 1) / (32 * VEC);
@@ -674,19 +759,18 @@ void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::
   if (!a.write_t && flat) {
     if (flat_aligned) {
       constexpr auto kernel = cast_flat_kernel<T, kFlatVec, kE4M3>;
-      kernel<<<flat_blocks(resident_blocks<kernel>(sms)), kThreads, 0, stream>>>(xp, out, n, s);
+      launch_cast(kernel, flat_blocks(resident_blocks<kernel>(sms)), dependent, stream, xp, out, n, s);
     } else {
       constexpr auto kernel = cast_flat_kernel<T, 1, kE4M3>;
-      kernel<<<flat_blocks(resident_blocks<kernel>(sms)), kThreads, 0, stream>>>(xp, out, n, s);
+      launch_cast(kernel, flat_blocks(resident_blocks<kernel>(sms)), dependent, stream, xp, out, n, s);
     }
   } else {
     const int64_t tiles = ((M + kTileM - 1) / kTileM) * ((K + kTileK - 1) / kTileK);
     TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), "ampkernels: to_float8_native: x is too large (",
                 M, " x ", K, ")");
-    cast_tiles_kernel<T, VEC, kE4M3><<<tiles, kThreads, 0, stream>>>(xp, out, out_t, M, K, stride_m, stride_k, s,
-                                                                    per_column, a.write_data, a.write_t);
+    launch_cast(cast_tiles_kernel<T, VEC, kE4M3>, tiles, dependent, stream, xp, out, out_t, M, K, stride_m,
+                stride_k, s, per_column, a.write_data, a.write_t);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -707,10 +791,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> float8_cast_cuda(const Float8Cast
   const bool current = !a.scale.has_value();
   const bool record = !current && (a.amax_out.has_value() || a.found_inf.has_value());
   const bool rows_kernel = a.per_row && !a.write_t;
+  const bool amax_pass = current && !rows_kernel && !a.amax_scratch.has_value();
+  // A flat tensorwise cast's amax pass leaves one partial per block: no zeroed scratch, so no memset launch.
+  const bool flat_partials = amax_pass && !a.per_row && !a.write_t && x.is_contiguous();
+  int sms = 0, major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.device().index()));
+  const bool programmatic = major >= 9;  // programmatic dependent launch: sm_90+
   const int64_t columns = a.per_row ? K : 1;
   at::Tensor scratch;
   if (a.amax_scratch.has_value()) {
     scratch = *a.amax_scratch;  // the amax a producer kernel reduced: no amax pass
+  } else if (flat_partials) {
+    scratch = at::empty({2 * sms * cuda::kMaxResidentBlocks}, x.options().dtype(at::kInt));
   } else if (!rows_kernel && (current || record)) {
     // NOTE: a memset, not at::zeros: one driver call instead of a TensorIterator fill (host time per cast).
     scratch = at::empty({2 * columns + 1}, x.options().dtype(at::kInt));
@@ -719,7 +812,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> float8_cast_cuda(const Float8Cast
   cuda::CastState s{};
   s.scale = current ? nullptr : a.scale->data_ptr<float>();
   s.scale_inv = scale_inv.data_ptr<float>();
-  if (scratch.defined()) {
+  if (flat_partials) {
+    s.partials = reinterpret_cast<uint2*>(scratch.data_ptr<int>());
+  } else if (scratch.defined()) {
     int* base = scratch.data_ptr<int>();
     s.scratch_amax = reinterpret_cast<unsigned*>(base);
     s.scratch_bad = base + columns;
@@ -728,23 +823,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> float8_cast_cuda(const Float8Cast
   s.amax_out = a.amax_out.has_value() ? a.amax_out->data_ptr<float>() : nullptr;
   s.found_inf = a.found_inf.has_value() ? a.found_inf->data_ptr<float>() : nullptr;
   s.record = record;
-  const bool amax_pass = current && !rows_kernel && !a.amax_scratch.has_value();
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "to_float8_native", [&] {
     const bool vectorized = cuda::row_vector_width<scalar_t>(x) > 1;
     constexpr int kVec = 16 / sizeof(scalar_t);
     if (a.dtype == at::kFloat8_e4m3fn) {
       if (vectorized)
-        cuda::launch<scalar_t, true, kVec>(x, a, data, data_t, s, amax_pass, sms, stream);
+        cuda::launch<scalar_t, true, kVec>(x, a, data, data_t, s, amax_pass, sms, programmatic, stream);
       else
-        cuda::launch<scalar_t, true, 1>(x, a, data, data_t, s, amax_pass, sms, stream);
+        cuda::launch<scalar_t, true, 1>(x, a, data, data_t, s, amax_pass, sms, programmatic, stream);
     } else {
       if (vectorized)
-        cuda::launch<scalar_t, false, kVec>(x, a, data, data_t, s, amax_pass, sms, stream);
+        cuda::launch<scalar_t, false, kVec>(x, a, data, data_t, s, amax_pass, sms, programmatic, stream);
       else
-        cuda::launch<scalar_t, false, 1>(x, a, data, data_t, s, amax_pass, sms, stream);
+        cuda::launch<scalar_t, false, 1>(x, a, data, data_t, s, amax_pass, sms, programmatic, stream);
     }
   });
   return {data, data_t, scale_inv};
