@@ -498,12 +498,15 @@ __global__ void __launch_bounds__(kThreads, kLanes == 32 ? 3 : (kInRegisters ? 5
 // The scale is per tensor, or per column of x (per_column: the rowwise cast of x.T). VEC > 1 needs stride_k == 1,
 // K % VEC == 0 and 16-byte aligned rows.
 // NOTE (H200): at 96 registers (2 blocks per SM) the bf16 pair of 8192 x 8192 ran at 2.1 TB/s; a bound of 3
-// blocks per SM keeps more tiles' loads in flight (at 4, 64 registers, it spilled).
-template <typename T, int VEC, bool kE4M3>
+// blocks per SM keeps more tiles' loads in flight (at 4, 64 registers, it spilled). Loading 4 of a thread's 8
+// vectors at a time (48 KB per SM in flight), the transposing tiles of 8192^2 bf16 took 66 us, where
+// dev/float8/cast_bench.cu's tile, loading all 8 first, took 54: the tensorwise kernels now load 8.
+// kPerColumn and kRecord (s.record) are template parameters: the tensorwise kernels keep one scale and one amax
+// instead of VEC of each, which leaves them the registers to load a whole tile at once.
+template <typename T, int VEC, bool kE4M3, bool kPerColumn, bool kRecord>
 __global__ void __launch_bounds__(kThreads, 3)
     cast_tiles_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, int64_t M,
-                      int64_t K, int64_t stride_m, int64_t stride_k, CastState s, bool per_column, bool write_data,
-                      bool write_t) {
+                      int64_t K, int64_t stride_m, int64_t stride_k, CastState s, bool write_data, bool write_t) {
   constexpr int kVecsPerRow = kTileK / VEC;
   constexpr int kVecsPerThread = kTileM * kVecsPerRow / kThreads;
   static_assert(kThreads % kVecsPerRow == 0, "a thread keeps its columns across the rows of a tile");
@@ -514,11 +517,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int64_t tiles_k = (K + kTileK - 1) / kTileK;
   const int64_t tile = int64_t(gridDim.x) - 1 - blockIdx.x;
   const int64_t m0 = (tile / tiles_k) * kTileM, k0 = (tile % tiles_k) * kTileK;
-  const bool record = s.record;
+  constexpr bool record = kRecord;
+  constexpr bool per_column = kPerColumn;
   float scale = 1.0f;
   if (threadIdx.x < kTileK) s_colmax[threadIdx.x] = 0u, s_colbad[threadIdx.x] = 0;
   wait_for_amax_pass();
-  if (per_column) {
+  if constexpr (per_column) {
     if (threadIdx.x < kTileK) {
       const int64_t k = k0 + threadIdx.x;
       float sc = 1.0f;
@@ -544,35 +548,44 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   const int cv = threadIdx.x % kVecsPerRow;  // this thread's columns: cv * VEC ... + VEC - 1 of the tile
   const int64_t k = k0 + int64_t(cv) * VEC;
-  float col_scale[VEC];
+  // Per column: VEC scales and amaxes per thread; tensorwise: one of each (index 0).
+  constexpr int kColumns = per_column ? VEC : 1;
+  float col_scale[kColumns];
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) col_scale[e] = per_column ? s_scale[cv * VEC + e] : scale;
-  float acc[VEC];
-  bool bad[VEC];
+  for (int e = 0; e < kColumns; ++e) col_scale[e] = per_column ? s_scale[cv * VEC + e] : scale;
+  float acc[kColumns];
+  bool bad[kColumns];
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) acc[e] = 0.0f, bad[e] = false;
+  for (int e = 0; e < kColumns; ++e) acc[e] = 0.0f, bad[e] = false;
+  // This thread's rows of the tile: row0, row0 + kRowStep, ...; `rows` of them inside x.
+  constexpr int kRowStep = kThreads / kVecsPerRow;
+  const int row0 = threadIdx.x / kVecsPerRow;
+  const int64_t rows = k < K ? (M - m0 - row0 + kRowStep - 1) / kRowStep : 0;
+  const T* src = x + (m0 + row0) * stride_m;
+  uint8_t* dst_rows = write_data ? out + (m0 + row0) * K + k : nullptr;
+  // Tensorwise: all 8 vectors of a bf16 tile loaded before the first is cast (128 bytes per thread in flight). Per
+  // column, 8 spilled (VEC scales and amaxes per thread): 4.
+  constexpr int kTileLoads = per_column ? kLoadsInFlight : 8;
 #pragma unroll
-  for (int i0 = 0; i0 < kVecsPerThread; i0 += kLoadsInFlight) {
-    Vec<T, VEC> r[kLoadsInFlight];
+  for (int i0 = 0; i0 < kVecsPerThread; i0 += kTileLoads) {
+    Vec<T, VEC> r[kTileLoads];
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int64_t m = m0 + (threadIdx.x + (i0 + u) * kThreads) / kVecsPerRow;
-      if (m < M && k < K) r[u] = load_vec<VEC>(x + m * stride_m, k, stride_k);
+    for (int u = 0; u < kTileLoads; ++u) {
+      if (i0 + u < rows) r[u] = load_vec<VEC>(src + int64_t(i0 + u) * kRowStep * stride_m, k, stride_k);
     }
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int row = (threadIdx.x + (i0 + u) * kThreads) / kVecsPerRow;
-      const int64_t m = m0 + row;
-      if (m >= M || k >= K) continue;
+    for (int u = 0; u < kTileLoads; ++u) {
+      if (i0 + u >= rows) continue;
+      const int row = row0 + (i0 + u) * kRowStep;
       float p[VEC];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const float v = static_cast<float>(r[u].v[e]);
-        p[e] = scaled(v, col_scale[e]);
-        if (record) accumulate(v, acc[e], bad[e]);
+        p[e] = scaled(v, col_scale[per_column ? e : 0]);
+        if (record) accumulate(v, acc[per_column ? e : 0], bad[per_column ? e : 0]);
       }
       const Codes<VEC> c = encode<kE4M3>(p);
-      if (write_data) store_codes<VEC>(out + m * K + k, c);
+      if (write_data) store_codes<VEC>(dst_rows + int64_t(i0 + u) * kRowStep * K, c);
       if (write_t) store_codes<VEC>(&codes[row][swizzled(row, cv * VEC)], c);
     }
   }
@@ -611,13 +624,15 @@ __global__ void __launch_bounds__(kThreads, 3)
         if (M % kTransposedRun == 0) {
           *reinterpret_cast<uint4*>(dst) = make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]);
         } else {
-          for (int e = 0; e < kTransposedRun && mt + e < M; ++e) dst[e] = (o[j][e / 4] >> (8 * (e % 4))) & 0xffu;
+#pragma unroll
+          for (int e = 0; e < kTransposedRun; ++e)  // unrolled: o stays in registers
+            if (mt + e < M) dst[e] = (o[j][e / 4] >> (8 * (e % 4))) & 0xffu;
         }
       }
     }
   }
-  if (!record) return;
-  if (per_column) {
+  if constexpr (!record) return;
+  if constexpr (per_column) {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       atomicMax(&s_colmax[cv * VEC + e], __float_as_uint(acc[e]));
@@ -639,11 +654,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     any_bad = __syncthreads_or(any_bad);
     if (threadIdx.x == 0 && any_bad && s.found_inf != nullptr) *s.found_inf = 1.0f;
   } else {
-    float a = 0.0f;
-    bool b = false;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) a = fmaxf(a, acc[e]), b |= bad[e];
-    reduce_into_scratch(a, b, s.scratch_amax, s.scratch_bad);
+    reduce_into_scratch(acc[0], bad[0], s.scratch_amax, s.scratch_bad);
     if (last_block(s.ticket)) finish_tensor(s);
   }
 }
@@ -768,8 +779,12 @@ void launch(const at::Tensor& x, const Float8CastArgs& a, at::Tensor& data, at::
     const int64_t tiles = ((M + kTileM - 1) / kTileM) * ((K + kTileK - 1) / kTileK);
     TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), "ampkernels: to_float8_native: x is too large (",
                 M, " x ", K, ")");
-    launch_cast(cast_tiles_kernel<T, VEC, kE4M3>, tiles, dependent, stream, xp, out, out_t, M, K, stride_m,
-                stride_k, s, per_column, a.write_data, a.write_t);
+    const auto kernel = per_column ? (s.record ? cast_tiles_kernel<T, VEC, kE4M3, true, true>
+                                               : cast_tiles_kernel<T, VEC, kE4M3, true, false>)
+                                   : (s.record ? cast_tiles_kernel<T, VEC, kE4M3, false, true>
+                                               : cast_tiles_kernel<T, VEC, kE4M3, false, false>);
+    launch_cast(kernel, tiles, dependent, stream, xp, out, out_t, M, K, stride_m, stride_k, s, a.write_data,
+                a.write_t);
   }
 }
 
