@@ -33,7 +33,9 @@ def _variants(x: torch.Tensor) -> dict:
         "delayed": lambda: to_float8(x, scale=scale, amax_out=amax_out, found_inf=found_inf),
         "row": lambda: to_float8(x, granularity="row"),
         "transpose": lambda: to_float8(x, transpose=True),
+        "transpose delayed": lambda: to_float8(x, scale=scale, amax_out=amax_out, found_inf=found_inf, transpose=True),
         "pair": lambda: to_float8_pair(x),
+        "pair delayed": lambda: to_float8_pair(x, scale=scale, amax_out=amax_out, found_inf=found_inf),
         "pair e5m2": lambda: to_float8_pair(x, torch.float8_e5m2),
     }
 
@@ -95,7 +97,7 @@ def main() -> None:
             graph_ms = _graph_ms(fn)
             kernels = ", ".join(f"{k[:48]} {ms * 1e3:.1f}us" for k, ms in _kernels(fn))
             times = f"loop {loop_ms:.4f} ms  graph {graph_ms:.4f} ms  host {host_ms * 1e3:6.1f} us"
-            print(f"  {name:10s} {times} | {kernels}")
+            print(f"  {name:17s} {times} | {kernels}")
         del x
         torch.cuda.empty_cache()
 
