@@ -223,6 +223,41 @@ def test_list_op_table_cache_survives_reuse_and_sees_new_tensors():
     assert other[1].tolist() == [4.0] * 51 and tensors[0][0].item() == 2.0
 
 
+def test_concurrent_calls_on_one_list_keep_their_own_norms(device):
+    """A list's launch table is cached and shared by every call on that list. Its per-chunk scratch of partial norms
+    was too: two calls in flight at once (two threads on the CPU, two streams on CUDA) folded each other's."""
+    _skip_unless_runs("native", device)
+    tensors = _random_tensors([16384 * 24 + 5] * 8, [torch.float32, torch.bfloat16], device)
+    scales = (2.0, 3.0)
+
+    def norms(scale):
+        found = _scalar(0.0, device)
+        r = ops.unscale_reduce_(tensors, _scalar(scale, device), found, write=False, norm_type=2.0, backend="native")
+        return r.norm
+
+    expected = {s: norms(s).clone() for s in scales}
+    assert not torch.equal(expected[scales[0]], expected[scales[1]])
+    rounds = 40
+    if device == "cpu":
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as pool:
+            got = {s: pool.submit(lambda s=s: [norms(s) for _ in range(rounds)]) for s in scales}
+            got = {s: f.result() for s, f in got.items()}
+    else:
+        streams = {s: torch.cuda.Stream() for s in scales}
+        got = {s: [] for s in scales}
+        torch.cuda.current_stream().synchronize()
+        for _ in range(rounds):
+            for s in scales:
+                with torch.cuda.stream(streams[s]):
+                    got[s].append(norms(s))
+        torch.cuda.synchronize()
+    for s in scales:
+        mixed = [i for i, n in enumerate(got[s]) if not torch.equal(n, expected[s])]
+        assert not mixed, f"scale {s}: rounds {mixed} got another call's norm"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("hysteresis", [1, 2])
 def test_update_scale_follows_reference(device, backend, hysteresis):

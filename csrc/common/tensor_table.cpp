@@ -88,9 +88,7 @@ TensorTable::TensorTable(const std::vector<at::Tensor>& tensors, at::Device devi
   std::copy(first_chunk.begin(), first_chunk.end(), first);
 
   meta_ = device.is_cpu() ? meta_host_ : meta_host_.to(device, /*non_blocking=*/true);
-  partials_ =
-      at::empty({std::max<int64_t>(num_chunks_, 1), 2}, at::TensorOptions().dtype(at::kDouble).device(device));
-  retain_if_capturing(device, {&meta_host_, &meta_, &partials_});
+  retain_if_capturing(device, {&meta_host_, &meta_});
 }
 
 bool TensorTable::matches(const std::vector<at::Tensor>& tensors) const {

@@ -115,9 +115,6 @@ class TensorTable {
   const at::Tensor& meta() const { return meta_; }
   at::Device device() const { return device_; }
   TableView view() const;
-  // float64 [num_chunks, 2] scratch for per-chunk (non-finite flag, partial norm); reused across calls. float64 so
-  // that float64 tensors' partial sums of squares neither overflow nor underflow (float32 partials are stored exactly).
-  const at::Tensor& partials() const { return partials_; }
 
  private:
   std::vector<TensorKey> keys_;
@@ -126,7 +123,6 @@ class TensorTable {
   at::Device device_ = at::kCPU;
   at::Tensor meta_;       // packed int64 metadata on device_
   at::Tensor meta_host_;  // pinned host copy kept alive for the asynchronous upload
-  at::Tensor partials_;
 };
 
 }  // namespace ampkernels

@@ -178,7 +178,7 @@ class AMPK_HIDDEN OptimizerTable {
     for (int k = 0; k < kNumLists; ++k)
       for (size_t i = 0; i < n; ++i)
         if (host_lists_[k * n + i] != 0) out.emplace_back(kNames[k], host_lists_[k * n + i]);
-    for (const auto* t : {&lists_, &scalars_, &table_->meta(), &table_->partials()})
+    for (const auto* t : {&lists_, &scalars_, &table_->meta()})
       if (t->defined() && t->is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(t->data_ptr()));
     return out;
   }

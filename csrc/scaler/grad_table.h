@@ -68,8 +68,7 @@ class AMPK_HIDDEN GradTable {
     if (!table_) return out;
     for (const auto& key : keys_) out.emplace_back("grad", reinterpret_cast<int64_t>(key.ptr));
     for (const auto& [i, copy] : staged_) out.emplace_back("staged", reinterpret_cast<int64_t>(copy.data_ptr()));
-    for (const auto* t : {&table_->meta(), &table_->partials()})
-      if (t->is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(t->data_ptr()));
+    if (table_->meta().is_cuda()) out.emplace_back("table", reinterpret_cast<int64_t>(table_->meta().data_ptr()));
     return out;
   }
 

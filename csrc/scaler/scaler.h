@@ -27,6 +27,10 @@ struct UnscaleReduceArgs {
   at::Tensor per_tensor_out;  // float32 [num_tensors] in the caller's order (needs norm != kNone)
   double max_norm = -1.0;  // < 0: no clip coefficient
   at::Tensor coef_out;        // float32 [] clip coefficient (needs norm != kNone and max_norm >= 0)
+  // float64 [num_chunks, 2]: per-chunk (non-finite flag, partial norm), this call's own (launch_unscale_reduce
+  // allocates it). float64 so that float64 tensors' partial sums of squares neither overflow nor underflow (float32
+  // partials are stored exactly).
+  at::Tensor partials;
 };
 
 void unscale_reduce_cpu(const TensorTable& table, const UnscaleReduceArgs& args);

@@ -56,12 +56,11 @@ void run_chunk(T* __restrict__ p, int64_t n, float inv, float factor, double* pa
 }
 
 template <typename T, bool kWrite, NormKind kNorm, bool kFactor>
-void run_group(const TensorTable& table, const TableGroup& g, float inv, float factor) {
+void run_group(const TensorTable& table, const TableGroup& g, float inv, float factor, double* partials) {
   const int64_t n = table.num_tensors();
   const int64_t* m = table.meta().data_ptr<int64_t>();
   const int64_t *addrs = m, *numels = m + n, *chunk_tensor = m + 2 * n;
   const int64_t* chunk_start = chunk_tensor + table.num_chunks();
-  double* partials = table.partials().data_ptr<double>();
   at::parallel_for(g.c_begin, g.c_end, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const int64_t t = chunk_tensor[c], start = chunk_start[c];
@@ -76,8 +75,10 @@ template <typename T>
 void dispatch_group(const TensorTable& table, const TableGroup& g, const UnscaleReduceArgs& a, float inv,
                     float factor) {
   const bool f = a.factor.defined();
-#define AMPK_RUN(W, N) \
-  (f ? run_group<T, W, N, true>(table, g, inv, factor) : run_group<T, W, N, false>(table, g, inv, factor))
+  double* partials = a.partials.data_ptr<double>();
+#define AMPK_RUN(W, N)                                           \
+  (f ? run_group<T, W, N, true>(table, g, inv, factor, partials) \
+     : run_group<T, W, N, false>(table, g, inv, factor, partials))
   if (a.write) {
     switch (a.norm) {
       case NormKind::kNone: AMPK_RUN(true, NormKind::kNone); break;
@@ -97,7 +98,7 @@ void dispatch_group(const TensorTable& table, const TableGroup& g, const Unscale
 template <typename A>
 void finalize(const TensorTable& table, const UnscaleReduceArgs& a) {
   const bool is_max = a.norm == NormKind::kInf;
-  const double* partials = table.partials().data_ptr<double>();
+  const double* partials = a.partials.data_ptr<double>();
   bool bad = false;
   A acc = 0;
   for (int64_t c = 0; c < table.num_chunks(); ++c) {

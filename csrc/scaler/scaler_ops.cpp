@@ -3,6 +3,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -26,7 +27,13 @@ NormKind norm_kind_of(double norm_type) {
   return NormKind::kNone;  // unreachable
 }
 
-void launch_unscale_reduce(const TensorTable& table, const UnscaleReduceArgs& args) {
+void launch_unscale_reduce(const TensorTable& table, const UnscaleReduceArgs& call) {
+  // The scratch is this call's, not the table's: a cached table is shared by every call on its list, and two of
+  // them in flight at once (two threads, or two streams) would fold each other's partial norms. On CUDA it comes
+  // from the caching allocator on the current stream (a graph's private pool while capturing).
+  UnscaleReduceArgs args = call;
+  args.partials = at::empty({std::max<int64_t>(table.num_chunks(), 1), 2},
+                            at::TensorOptions().dtype(at::kDouble).device(table.device()));
   if (table.device().is_cuda()) {
 #ifdef AMPK_WITH_CUDA
     unscale_reduce_cuda(table, args);

@@ -160,7 +160,7 @@ void launch_group(const TensorTable& table, const TableGroup& g, const UnscaleRe
   const int64_t blocks = chunk_grid(chunks);
   unscale_reduce_kernel<T, kWrite, kNorm, kFactor><<<blocks, kThreads, 0, stream>>>(
       table.view(), g.c_begin, g.c_end, a.scale.data_ptr<float>(),
-      kFactor ? a.factor.data_ptr<float>() : nullptr, reinterpret_cast<double2*>(table.partials().data_ptr<double>()));
+      kFactor ? a.factor.data_ptr<float>() : nullptr, reinterpret_cast<double2*>(a.partials.data_ptr<double>()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -225,7 +225,7 @@ void unscale_reduce_cuda(const TensorTable& table, const UnscaleReduceArgs& a) {
   }
   bool has_double = false;
   for (const TableGroup& g : table.groups()) has_double |= g.dtype == at::kDouble;
-  cuda::FinalizeArgs f{reinterpret_cast<const double2*>(table.partials().data_ptr<double>()),
+  cuda::FinalizeArgs f{reinterpret_cast<const double2*>(a.partials.data_ptr<double>()),
                        table.num_chunks(),
                        table.view(),
                        table.num_tensors(),
