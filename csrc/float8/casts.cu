@@ -2,8 +2,8 @@
 //
 // Kernels, each a template over the input type T, the number VEC of elements per access (16 bytes, or 1 where x's
 // strides or alignment forbid vectors) and the float8 format:
-//   amax_flat_kernel     finite max |x| and the non-finite flag of a contiguous tensor (grid-stride, 4 loads in
-//                        flight per thread), one atomic each per block into a zeroed int32 scratch;
+//   amax_flat_kernel     finite max |x| and the non-finite flag of a contiguous tensor (grid-stride, 8 loads in
+//                        flight per thread), one atomic each per block into a zeroed int32 scratch, or a partial;
 //   amax_columns_kernel  the same over a strided [M, K] matrix, per tensor or per column (the scales of a rowwise
 //                        cast of x.T);
 //   cast_flat_kernel     tensorwise cast of a contiguous tensor, walked backwards (the amax pass's tail is in L2);
@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -43,6 +44,7 @@ namespace {
 // Floor of the amax a scale is computed from (reference.FLOAT8_AMAX_FLOOR).
 constexpr float kAmaxFloor = 1e-12f;
 constexpr int kLoadsInFlight = 4;
+constexpr int kAmaxLoadsInFlight = 8;  // the flat amax pass: 8 x 16 bytes per thread, no registers to spare for more
 // Blocks of kThreads resident on one SM at most (2048 threads per SM on every architecture since Volta).
 constexpr int kMaxResidentBlocks = 2048 / kThreads;
 // Tiles of the transposing casts: 128 x 128, so that both layouts are written in whole 128-byte lines. The codes
@@ -142,6 +144,26 @@ __device__ __forceinline__ Vec<T, VEC> load_vec(const T* row, int64_t i, int64_t
   }
 }
 
+// A 16-byte vector of x read once by this kernel (the flat amax pass): through the read-only path, not kept in L1,
+// L2 fetching the whole 256-byte sector group. Elsewhere (VEC 1, or before sm_80) a plain load.
+// NOTE (H200, dev/float8/amax_bench.cu, 8192^2 bf16): with 8 loads in flight, 35.3 -> 34.8 us for the amax pass.
+template <int VEC, typename T>
+__device__ __forceinline__ Vec<T, VEC> load_once(const T* x, int64_t i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (VEC * sizeof(T) == 16) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(x + i));
+    Vec<T, VEC> r;
+    static_assert(sizeof(r) == sizeof(v), "one 16-byte vector");
+    memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
+  return load_vec<VEC>(x, i, 1);
+}
+
 template <int VEC>
 __device__ __forceinline__ void store_codes(uint8_t* dst, Codes<VEC> c) {
   *reinterpret_cast<Codes<VEC>*>(dst) = c;
@@ -163,8 +185,8 @@ __device__ __forceinline__ Codes<VEC> cast_vec(const Vec<T, VEC>& r, float scale
 
 // Programmatic dependent launch (sm_90+): a cast launched as a dependent of its amax pass (launch_cast) starts
 // as the pass's blocks retire instead of after its last one, and waits at wait_for_amax_pass() before it reads
-// what the pass wrote. Both are no-ops in a kernel launched the ordinary way. Loading x before the wait (the pass
-// does not write it) took the bf16 flat cast from 40 to 62 registers, 6 blocks per SM to 4, so it waits first.
+// what the pass wrote; it may load x before (the pass does not write x, and the pass itself started only after
+// x's producers finished). Both are no-ops in a kernel launched the ordinary way.
 __device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -265,12 +287,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t nvec = n / VEC;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  for (; i + (kLoadsInFlight - 1) * stride < nvec; i += kLoadsInFlight * stride) {
-    Vec<T, VEC> r[kLoadsInFlight];
+  for (; i + (kAmaxLoadsInFlight - 1) * stride < nvec; i += kAmaxLoadsInFlight * stride) {
+    Vec<T, VEC> r[kAmaxLoadsInFlight];
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) r[u] = load_vec<VEC>(x, (i + u * stride) * VEC, 1);
+    for (int u = 0; u < kAmaxLoadsInFlight; ++u) r[u] = load_once<VEC>(x, (i + u * stride) * VEC);
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u)
+    for (int u = 0; u < kAmaxLoadsInFlight; ++u)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) accumulate(static_cast<float>(r[u].v[e]), acc, bad);
   }
@@ -339,29 +361,43 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The vectors from the last (memory the amax pass read last), kLoadsInFlight at a time, the next ones loaded as
+// soon as these are stored. The first are loaded before wait_for_amax_pass(): the pass does not write x, and a
+// dependent launch's blocks then have loads in flight while the pass's last blocks finish.
+// NOTE (H200, dev/float8/amax_bench.cu, 8192^2 bf16): loading before the wait takes the bf16 kernel from 40 to 62
+// registers (6 blocks per SM to 4) and still saves 1.6 us of the 82 us current cast.
 template <typename T, int VEC, bool kE4M3>
 __global__ void __launch_bounds__(kThreads)
     cast_flat_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t n, CastState s) {
+  const int64_t nvec = n / VEC;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  int64_t i = first;
+  Vec<T, VEC> r[kLoadsInFlight];
+  bool more = i + (kLoadsInFlight - 1) * stride < nvec;
+  if (more) {
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) r[u] = load_vec<VEC>(x, (nvec - 1 - (i + u * stride)) * VEC, 1);
+  }
   wait_for_amax_pass();
   const float scale = tensor_scale<kE4M3>(s, blockIdx.x == 0 && threadIdx.x == 0);
   const bool record = s.record;
   float acc = 0.0f;
   bool bad = false;
-  const int64_t nvec = n / VEC;
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
-  const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  // The tail (past the last whole vector) first, then the vectors from the last: memory the amax pass read last.
+  // The tail past the last whole vector.
   for (int64_t e = nvec * VEC + first; e < n; e += stride) {
     out[e] = cast_vec<kE4M3, 1>(Vec<T, 1>{{x[e]}}, scale, record, acc, bad);
   }
-  int64_t i = first;
-  for (; i + (kLoadsInFlight - 1) * stride < nvec; i += kLoadsInFlight * stride) {
-    Vec<T, VEC> r[kLoadsInFlight];
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) r[u] = load_vec<VEC>(x, (nvec - 1 - (i + u * stride)) * VEC, 1);
+  while (more) {
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       store_codes<VEC>(out + (nvec - 1 - (i + u * stride)) * VEC, cast_vec<kE4M3>(r[u], scale, record, acc, bad));
+    }
+    i += kLoadsInFlight * stride;
+    more = i + (kLoadsInFlight - 1) * stride < nvec;
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) r[u] = load_vec<VEC>(x, (nvec - 1 - (i + u * stride)) * VEC, 1);
     }
   }
   for (; i < nvec; i += stride) {
@@ -519,6 +555,22 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int64_t m0 = (tile / tiles_k) * kTileM, k0 = (tile % tiles_k) * kTileK;
   constexpr bool record = kRecord;
   constexpr bool per_column = kPerColumn;
+  const int cv = threadIdx.x % kVecsPerRow;  // this thread's columns: cv * VEC ... + VEC - 1 of the tile
+  const int64_t k = k0 + int64_t(cv) * VEC;
+  // This thread's rows of the tile: row0, row0 + kRowStep, ...; `rows` of them inside x.
+  constexpr int kRowStep = kThreads / kVecsPerRow;
+  const int row0 = threadIdx.x / kVecsPerRow;
+  const int64_t rows = k < K ? (M - m0 - row0 + kRowStep - 1) / kRowStep : 0;
+  const T* src = x + (m0 + row0) * stride_m;
+  // Tensorwise: all 8 vectors of a bf16 tile loaded before the first is cast (128 bytes per thread in flight). Per
+  // column, 8 spilled (VEC scales and amaxes per thread): 4. The first are loaded before the wait (see
+  // wait_for_amax_pass).
+  constexpr int kTileLoads = per_column ? kLoadsInFlight : 8;
+  Vec<T, VEC> r[kTileLoads];
+#pragma unroll
+  for (int u = 0; u < kTileLoads; ++u) {
+    if (u < rows) r[u] = load_vec<VEC>(src + int64_t(u) * kRowStep * stride_m, k, stride_k);
+  }
   float scale = 1.0f;
   if (threadIdx.x < kTileK) s_colmax[threadIdx.x] = 0u, s_colbad[threadIdx.x] = 0;
   wait_for_amax_pass();
@@ -546,8 +598,6 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   __syncthreads();
 
-  const int cv = threadIdx.x % kVecsPerRow;  // this thread's columns: cv * VEC ... + VEC - 1 of the tile
-  const int64_t k = k0 + int64_t(cv) * VEC;
   // Per column: VEC scales and amaxes per thread; tensorwise: one of each (index 0).
   constexpr int kColumns = per_column ? VEC : 1;
   float col_scale[kColumns];
@@ -557,21 +607,14 @@ __global__ void __launch_bounds__(kThreads, 3)
   bool bad[kColumns];
 #pragma unroll
   for (int e = 0; e < kColumns; ++e) acc[e] = 0.0f, bad[e] = false;
-  // This thread's rows of the tile: row0, row0 + kRowStep, ...; `rows` of them inside x.
-  constexpr int kRowStep = kThreads / kVecsPerRow;
-  const int row0 = threadIdx.x / kVecsPerRow;
-  const int64_t rows = k < K ? (M - m0 - row0 + kRowStep - 1) / kRowStep : 0;
-  const T* src = x + (m0 + row0) * stride_m;
   uint8_t* dst_rows = write_data ? out + (m0 + row0) * K + k : nullptr;
-  // Tensorwise: all 8 vectors of a bf16 tile loaded before the first is cast (128 bytes per thread in flight). Per
-  // column, 8 spilled (VEC scales and amaxes per thread): 4.
-  constexpr int kTileLoads = per_column ? kLoadsInFlight : 8;
 #pragma unroll
   for (int i0 = 0; i0 < kVecsPerThread; i0 += kTileLoads) {
-    Vec<T, VEC> r[kTileLoads];
+    if (i0 > 0) {
 #pragma unroll
-    for (int u = 0; u < kTileLoads; ++u) {
-      if (i0 + u < rows) r[u] = load_vec<VEC>(src + int64_t(i0 + u) * kRowStep * stride_m, k, stride_k);
+      for (int u = 0; u < kTileLoads; ++u) {
+        if (i0 + u < rows) r[u] = load_vec<VEC>(src + int64_t(i0 + u) * kRowStep * stride_m, k, stride_k);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kTileLoads; ++u) {
