@@ -30,6 +30,9 @@ NATIVE_OPS = (
 # fails as the op would: a fake that accepted what the op refuses gave torch.compile outputs of a shape the op never
 # returns (a norm for norm_type=1), or failed with an unrelated error (unpacking a 3-D x). Only what depends on the
 # data pointers (overlap, alignment) and the CUDA-only device rule are left to the op.
+# NOTE: in Python rather than as C++ Meta kernels calling the ops' own checks: those read sizes as int64, which a
+# tensor with symbolic sizes refuses (torch.compile with dynamic shapes). tests/test_native_fakes.py compares the two
+# sets of errors case by case, so that one cannot drift from the other unnoticed.
 
 _GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
