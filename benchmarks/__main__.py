@@ -121,7 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     sets = args.sets if args.sets is not None else ",".join(PARAM_SETS if args.full else DEFAULT_SETS)
-    args.sets = [name.strip() for name in sets.split(",") if name.strip()]
+    args.sets = list(dict.fromkeys(name.strip() for name in sets.split(",") if name.strip()))
     unknown = [name for name in args.sets if name not in PARAM_SETS]
     if unknown or not args.sets:
         what = f"unknown parameter sets {unknown}" if unknown else "--sets names no parameter set"

@@ -3,7 +3,8 @@
 Sections (``python -m benchmarks --only float8``):
 
 * casts (:mod:`benchmarks.float8_casts`): each cast of ampkernels.float8 against plain torch, GB/s and % of copy;
-* fused producers (:mod:`benchmarks.float8_fused`): ``rms_norm`` and ``silu_mul`` against the model's plain torch;
+* fused producers (:mod:`benchmarks.float8_fused`): ``rms_norm`` against ``F.rms_norm``, ``silu_mul`` and
+  ``rotary_embedding`` against the model's plain torch;
 * GEMMs (:mod:`benchmarks.float8_gemms`): FP8 scaled_matmul against ``torch._scaled_mm`` and bf16 cuBLAS on the
   six training shapes of issue 18;
 * layer sizes: forward + backward of one ``nn.Linear`` of width K -> N at 16384 tokens under bf16 autocast against
@@ -245,7 +246,9 @@ def _layer_step(layer: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> 
     device_type = x.device.type
 
     def run():
-        layer.weight.grad = None
+        # x.grad too: in a model the input's gradient goes to the layer below; accumulating it here would add a
+        # read-modify-write of the whole [tokens, K] input to every timed step.
+        layer.weight.grad = x.grad = None
         with torch.autocast(device_type, dtype=torch.bfloat16):
             out = layer(x)
         out.backward(grad)

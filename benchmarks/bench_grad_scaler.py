@@ -4,7 +4,8 @@ Per parameter set, on the same tensors in the same run:
 
 1. ``unscale_`` alone, with a plain SGD optimizer (lr 0). Floor: one read + write of the fp32 grads, 8 B/param.
 2. ``unscale_`` + gradient clipping. Stock: ``unscale_`` then ``clip_grad_norm_(foreach=True)``; ampkernels:
-   ``clip_grad_norm_`` with the SGD optimizer (grads unscaled and clipped in place, floor 8 B/param) and with torch's
+   ``clip_grad_norm_`` with the SGD optimizer (grads unscaled and clipped in place: the total norm must be known
+   before any grad is written, so a read-only pass and a read + write pass, floor 12 B/param) and with torch's
    fused AdamW, where the unscale and clip are deferred into the fused step and only a read-only pass runs here
    (floor 4 B/param; not the same work as stock, so no speedup is given).
 3. The whole post-backward phase (check + clip + AdamW + scale update). Floor 32 B/param (AdamW reads p, g, m, v
@@ -96,8 +97,8 @@ SERIES_LABELS = {
 }
 STOCK_UNSCALE = Variant("unscale_", STOCK, "GradScaler.unscale_", 8)
 FUSED_UNSCALE = Variant("unscale_", FUSED, "FusedGradScaler.unscale_", 8)
-STOCK_CLIP = Variant("unscale_+clip", STOCK, "unscale_ + clip_grad_norm_(foreach)", 8)
-FUSED_CLIP = Variant("unscale_+clip", FUSED, "clip_grad_norm_ (SGD: in place)", 8)
+STOCK_CLIP = Variant("unscale_+clip", STOCK, "unscale_ + clip_grad_norm_(foreach)", 12)
+FUSED_CLIP = Variant("unscale_+clip", FUSED, "clip_grad_norm_ (SGD: in place)", 12)
 FUSED_CLIP_DEFERRED = Variant(
     "unscale_+clip", FUSED_DEFERRED, "clip_grad_norm_ (AdamW: deferred into the fused step)", 4
 )

@@ -346,11 +346,11 @@ def _label(document: dict[str, Any], name: str) -> str:
 
 
 def summary(document: dict[str, Any]) -> list[str]:
-    """The library's default backend (the best one there is, on the CPU the Triton interpreter) over every case."""
+    """The library's default backend (the best one there is; on the CPU the torch reference) over every case."""
     overall = [s for s in document["summary"] if s["dtype"] == "all"]
     if not overall:
         return []
-    preferred = (AUTO, WGMMA, TRITON) if document["mode"] == "gpu" else (TRITON, REFERENCE)
+    preferred = (AUTO, WGMMA, TRITON) if document["mode"] == "gpu" else (REFERENCE, TRITON)
     by = {s["implementation"]: s for s in overall}
     picked = next((by[name] for name in preferred if name in by), overall[0])
     mm = "cuBLAS" if document["mode"] == "gpu" else "torch mm on the CPU (not a speed claim)"
