@@ -97,6 +97,18 @@ def _as_list(objs: Any, kind: type | tuple[type, ...], name: str) -> list:
     return out
 
 
+def _same_kind(value: Any, saved: Any) -> bool:
+    """Whether ``saved`` can be written back as ``value``: tensors of one shape and dtype, or two plain values."""
+    if isinstance(value, torch.Tensor) or isinstance(saved, torch.Tensor):
+        return (
+            isinstance(value, torch.Tensor)
+            and isinstance(saved, torch.Tensor)
+            and value.shape == saved.shape
+            and value.dtype == saved.dtype
+        )
+    return saved is not None
+
+
 class StateSnapshot:
     """A copy of everything a training step can write in ``models``, ``optimizers`` and ``scalers``, restorable in
     place: :meth:`restore` copies the saved values back into the same tensors (a CUDA graph keeps their addresses).
@@ -107,9 +119,11 @@ class StateSnapshot:
     hysteresis tracker and telemetry counters), their per-optimizer stages, and the CPU and CUDA random number
     generators' states. State that did not exist when the snapshot was taken (what an optimizer or a scaler creates
     on its first step) is reset to what a fresh one starts from: zeros (step counts 0), ampkernels' ``master_param``
-    the parameter's value, a scaler's scale its ``init_scale``. It stays allocated, so that what was captured over
-    it keeps its addresses. Delayed FP8 scaling state that a model made on the meta device has not initialized yet
-    (``ampkernels.float8``: it does so at its first use) is initialized before the copy.
+    the parameter's value, a scaler's scale its ``init_scale``; and state that ampkernels' optimizers converted at
+    their first step (a loaded torch checkpoint: quantized, or given a step count) to the saved values in the
+    formats the step keeps. It stays allocated, so that what was captured over it keeps its addresses. Delayed FP8
+    scaling state that a model made on the meta device has not initialized yet (``ampkernels.float8``: it does so
+    at its first use) is initialized before the copy.
 
     Costs one copy of every saved tensor that exists when the snapshot is taken, on its device: for a fresh
     optimizer, the parameters, buffers and existing gradients; for a resumed one, its state as well.
@@ -198,8 +212,15 @@ class StateSnapshot:
                     group[k].copy_(v)
                 else:
                     group[k] = v
-        for p, entry in opt.state.items():
+        # ampkernels' optimizers convert a loaded state at a parameter's first step and create some state that is
+        # not zero (the code width of quantized moments): an entry the warm-up converted or created (a value of
+        # another shape, dtype or type than saved, or not saved) is restored to what the next step starts from,
+        # which replays (no Python) never make again; an entry it left alone, to the saved values as they are.
+        before_step = getattr(opt, "_state_before_step", None)
+        for p, entry in list(opt.state.items()):
             saved = state.get(id(p), {})
+            if before_step is not None and not all(_same_kind(v, saved.get(k)) for k, v in entry.items()):
+                saved = before_step(p, saved)
             for k, v in list(entry.items()):
                 if k in saved:
                     old = saved[k]
@@ -354,7 +375,8 @@ class CapturedStep:
             raise RuntimeError("ampkernels.capture_step: CUDA graphs need a CUDA device")
         if not (isinstance(warmup, int) and warmup >= 1):
             raise ValueError(f"ampkernels.capture_step: warmup must be an int >= 1, got {warmup!r}")
-        leaves, self._spec = pytree.tree_flatten((example_args, example_kwargs))
+        # (keyword arguments by name, as a call matches them: a replay may pass them in another order)
+        leaves, self._spec = pytree.tree_flatten((example_args, dict(sorted(example_kwargs.items()))))
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor) and leaf.device.type != "cuda":
                 raise ValueError(
@@ -379,6 +401,22 @@ class CapturedStep:
         self._step_fn = step_fn
         args, kwargs = pytree.tree_unflatten(self._leaves, self._spec)
 
+        try:
+            self._warm_up_and_capture(step_fn, args, kwargs, warmup, pool, transformers_mask_skip, snapshot)
+        except BaseException:
+            if snapshot is not None:
+                # A step that fails in the warm-up or the capture (a host sync) leaves the state as it was too: not
+                # trained on the example batch, no scaler stage "unscaled" with a flag the failed capture never
+                # computed, no gradient in the graph's pool; an eager fallback then starts from the call's state.
+                torch.cuda.synchronize()  # (a failed warm-up may leave kernels queued on its stream)
+                snapshot.restore()
+            raise
+        if snapshot is not None:
+            # Capture runs no kernels, but its host side moves the scaler's stages, points gradients at the graph's
+            # buffers (which stay: replays write them) and may create state in the graph's pool: set it all back.
+            snapshot.restore(rebind_gradients=False)
+
+    def _warm_up_and_capture(self, step_fn, args, kwargs, warmup, pool, transformers_mask_skip, snapshot) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -397,13 +435,9 @@ class CapturedStep:
             if "not permitted when stream is capturing" in str(exc) or "StreamCapture" in str(exc):
                 raise RuntimeError(f"ampkernels.capture_step: capture failed: {HOST_SYNC_HINT}. ({exc})") from exc
             raise
-        if snapshot is not None:
-            # Capture runs no kernels, but its host side moves the scaler's stages, points gradients at the graph's
-            # buffers (which stay: replays write them) and may create state in the graph's pool: set it all back.
-            snapshot.restore(rebind_gradients=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves, spec = pytree.tree_flatten((args, dict(sorted(kwargs.items()))))
         if spec != self._spec:
             raise ValueError(
                 "ampkernels.CapturedStep: called with another argument structure than at capture "

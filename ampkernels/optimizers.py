@@ -164,9 +164,20 @@ class _Bucket:
     def masters(self) -> list[torch.Tensor]:
         return self.lists[_MASTER_ROW[len(self.lists)]]
 
-    def hand_over_gradients(self) -> None:
+    def param_versions(self) -> list[int]:
+        """The version counters of the parameters as the model holds them: a write into an FSDP2 parameter (a
+        DTensor's ``copy_``, as ``model.load_state_dict`` does) or an FP8-all-gather wrapper bumps that tensor's
+        counter, not the one of the local tensor inside it that the kernels step."""
+        return [p._version for p in (self.params if self.sources is None else self.sources)]
+
+    def hand_over_gradients(self) -> bool:
+        """False (nothing handed over) when a parameter has another local tensor than the bucket steps: FSDP2 gives
+        an FP8-all-gather weight's padded shard a new one when it re-pads it (after ``load_state_dict``, ``.to()``)."""
+        if any(_local(p) is not local for local, p in zip(self.params, self.sources, strict=True)):
+            return False
         for local, p in zip(self.params, self.sources, strict=True):
             local.grad = None if p.grad is None else _local(p.grad)
+        return True
 
     def still_valid(self) -> bool:
         """For the Python backends: the gradients are where the bucket was built for (native: checked in C++)."""
@@ -243,7 +254,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         for plan in self._plans.values():
             for bucket in plan.buckets:
                 if bucket.versions:
-                    bucket.versions = [p._version for p in bucket.params]
+                    bucket.versions = bucket.param_versions()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -463,6 +474,28 @@ class _FusedOptimizer(torch.optim.Optimizer):
         ``_STATE_KEYS`` order, or ``_BLOCKWISE_KEYS`` order for the blockwise step (None: absent)."""
         raise NotImplementedError
 
+    def _state_before_step(self, p: torch.Tensor, saved: dict[str, Any]) -> dict[str, Any]:
+        """The state entry that parameter ``p``'s next step starts from when its entry is ``saved`` (a new dict; the
+        optimizer is left as it is): a fresh one for an empty entry, else ``saved`` in the formats the step keeps
+        (a loaded momentum buffer with its step count, float moments quantized, the step count a float32 tensor on
+        the device). :class:`ampkernels.cuda_graph.StateSnapshot` restores through it: a captured step converts
+        or creates the state once, at capture, and its replays run no Python to do it again."""
+        index = next((i for i, g in enumerate(self.param_groups) if any(q is p for q in g["params"])), None)
+        if index is None:
+            return saved
+        group = dict(self.param_groups[index])
+        self._check_group(group, index)  # (options set on the group since its last step, normalised on a copy)
+        held = self.state.get(p)
+        self.state[p] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in saved.items()}
+        try:
+            self._init_state(p, group, self._blockwise(group, p.dtype))
+            return self.state[p]
+        finally:
+            if held is None:
+                del self.state[p]
+            else:
+                self.state[p] = held
+
     # ---- planning ----
 
     def _options(self, group: dict[str, Any]) -> tuple:
@@ -529,7 +562,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 bucket.sources = params
                 bucket.hand_over_gradients()
             if bucket.masters:  # master weights: created from (or loaded for) the parameters as they are now
-                bucket.versions = [p._version for p in locals_]
+                bucket.versions = bucket.param_versions()
             if blockwise:
                 # The rounding stream's salt: each parameter's index in the optimizer, the same on every rank.
                 salt = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
@@ -606,8 +639,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Steps one bucket; False (nothing written) when its gradients no longer match the bucket."""
         if bucket.sources is None:
             return self._launch_params(bucket, group, lr, lr_tensor, grad_scale, found_inf)
-        bucket.hand_over_gradients()
         try:
+            if not bucket.hand_over_gradients():
+                if bucket.versions:  # (what was loaded into the new local tensors, before the plan is rebuilt)
+                    self._resync_loaded(bucket)
+                return False
             return self._launch_params(bucket, group, lr, lr_tensor, grad_scale, found_inf)
         finally:
             # The local tensors let go of the gradients once the step is queued: zero_grad() then frees them (held
@@ -631,17 +667,18 @@ class _FusedOptimizer(torch.optim.Optimizer):
         else:
             self._reference_step(bucket, grads, lr_value, grad_scale, found_inf, hyper)
             if bucket.versions:  # the reference writes the parameters with copy_, which counts as a version
-                bucket.versions = [p._version for p in bucket.params]
+                bucket.versions = bucket.param_versions()
         return True
 
     @staticmethod
     def _resync_loaded(bucket: _Bucket) -> None:
         """Copy parameters written from outside since the last step into their masters (they are the truth)."""
-        versions = [p._version for p in bucket.params]
+        versions = bucket.param_versions()
         if versions == bucket.versions:
             return
         masters = bucket.masters
-        for p, master, old, new in zip(bucket.params, masters, bucket.versions, versions, strict=True):
+        params = bucket.params if bucket.sources is None else [_local(p) for p in bucket.sources]
+        for p, master, old, new in zip(params, masters, bucket.versions, versions, strict=True):
             if old != new:
                 master.copy_(p)
         bucket.versions = versions

@@ -117,6 +117,29 @@ def test_capture_with_an_ordinary_optimizer_says_what_to_use():
 
 
 @pytest.mark.gpu
+def test_failed_capture_leaves_the_training_state_as_it_was():
+    """A step that cannot be captured fails after its warm-up steps ran, and its capture got as far as the clip
+    (the scaler's stage "unscaled", gradients in the graph's pool). The error must leave the model, optimizer and
+    scaler as they were, so that an eager fallback on the same step function trains as if capture_step had never
+    been called."""
+    model = _model()
+    fresh = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)  # foreach: its step needs the skip decision on the host
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    scaler, fresh_scaler = FusedGradScaler(init_scale=2.0**10), FusedGradScaler(init_scale=2.0**10)
+    step, fresh_step = _make_step(model, opt, scaler), _make_step(fresh, fresh_opt, fresh_scaler)
+    batches = _batches(5)
+    with pytest.raises(RuntimeError, match="FusedAdamW"):
+        capture_step(step, *batches[0], warmup=2)
+    assert all(p.grad is None for p in model.parameters())
+    assert scaler.get_scale() == 2.0**10 and not scaler._per_optimizer_states
+    for x, y in batches[1:]:  # (an overflow step among them)
+        torch.testing.assert_close(step(x, y), fresh_step(x, y), rtol=0, atol=0, equal_nan=True)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), fresh.parameters(), strict=True))
+    assert scaler.get_scale() == fresh_scaler.get_scale()
+
+
+@pytest.mark.gpu
 def test_captured_step_checks_its_inputs():
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2, device="cuda"), fused=True, capturable=True)
@@ -126,6 +149,19 @@ def test_captured_step_checks_its_inputs():
         graphed(x[:8], y)
     with pytest.raises(ValueError, match="argument structure"):
         graphed(x)
+
+
+@pytest.mark.gpu
+def test_captured_step_matches_keyword_arguments_by_name():
+    """A replay given the keyword arguments in another order than the capture (a call matches them by name) copies
+    each into its own input; it was refused as "another argument structure"."""
+    a, b = torch.arange(4.0, device="cuda"), torch.full((4,), 10.0, device="cuda")
+    graphed = capture_step(lambda a, b: a * 2 + b, a=a, b=b, warmup=1, restore=False)
+    a1, b1 = torch.randn(4, device="cuda"), torch.randn(4, device="cuda")
+    assert torch.equal(graphed(b=b1, a=a1), a1 * 2 + b1)
+    assert torch.equal(graphed(a=b1, b=a1), b1 * 2 + a1)
+    with pytest.raises(ValueError, match="input 1 must be a tensor of shape"):
+        graphed(b=b1[:3], a=a1)
 
 
 def test_capture_step_needs_cuda():
@@ -406,3 +442,58 @@ def test_capture_with_master_weights_replays_the_eager_run():
     for p, q in zip(graph_model.parameters(), eager_model.parameters(), strict=True):
         assert torch.equal(p, q)
         assert torch.equal(graph_opt.state[p]["master_param"], eager_opt.state[q]["master_param"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["torch-SGD->FusedSGD", "torch-AdamW->FusedAdamW-8bit", "fresh-FusedAdamW-4bit"])
+def test_capture_of_a_converted_state_replays_the_eager_run_and_saves_it(kind):
+    """State the first step converts (a torch checkpoint: SGD's momentum buffer without a step count, float moments
+    into 8-bit codes) or creates with values other than zeros (the code widths of quantized moments): the graphed
+    run equals the eager run from the same state, and after replays alone (no eager step) the optimizer's
+    state_dict loads and resumes eagerly as the graph goes on."""
+    if not hasattr(ampkernels, "FusedAdamW"):
+        pytest.skip("needs the native fused optimizers")
+    batches = _batches(8)
+    source, _, target = kind.partition("->")
+    saved = None
+    if target:
+        model = _model()
+        torch_opt = (
+            torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+            if source == "torch-SGD"
+            else torch.optim.AdamW(model.parameters(), lr=1e-2)
+        )
+        _make_step(model, torch_opt, FusedGradScaler(init_scale=2.0**10))(*batches[0])
+        saved = torch_opt.state_dict()
+
+    def build():
+        model = _model()
+        lr = torch.tensor(1e-2, device="cuda")
+        if kind.endswith("FusedSGD"):
+            opt = ampkernels.FusedSGD(model.parameters(), lr=lr, momentum=0.9)
+        else:
+            bits = "4bit" if kind.endswith("4bit") else "8bit"
+            opt = ampkernels.FusedAdamW(model.parameters(), lr=lr, exp_avg_dtype=bits, exp_avg_sq_dtype=bits)
+        if saved is not None:
+            opt.load_state_dict(copy.deepcopy(saved))
+        return model, opt, FusedGradScaler(init_scale=2.0**10)
+
+    eager_model, eager_opt, eager_scaler = build()
+    graph_model, graph_opt, graph_scaler = build()
+    eager_step = _make_step(eager_model, eager_opt, eager_scaler)
+    graphed = capture_step(_make_step(graph_model, graph_opt, graph_scaler), *batches[0])
+    eager = [eager_step(x, y).clone() for x, y in batches[1:5]]
+    replayed = [graphed(x, y).clone() for x, y in batches[1:5]]
+    torch.testing.assert_close(torch.stack(replayed), torch.stack(eager), rtol=0, atol=0, equal_nan=True)
+    for p, q in zip(graph_model.parameters(), eager_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+    resumed_model, resumed_opt, resumed_scaler = build()
+    resumed_model.load_state_dict(graph_model.state_dict())
+    resumed_opt.load_state_dict(copy.deepcopy(graph_opt.state_dict()))
+    resumed_scaler.load_state_dict(graph_scaler.state_dict())
+    resumed_step = _make_step(resumed_model, resumed_opt, resumed_scaler)
+    for x, y in batches[5:]:
+        torch.testing.assert_close(resumed_step(x, y), graphed(x, y), rtol=0, atol=0, equal_nan=True)
+    for p, q in zip(graph_model.parameters(), resumed_model.parameters(), strict=True):
+        assert torch.equal(p, q)

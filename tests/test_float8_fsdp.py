@@ -18,7 +18,7 @@ import torch
 from distributed_harness import load_checkpoint, needs_two_gpus, run_ranks, save_checkpoint
 from torch import nn
 
-from ampkernels import FusedAdamW
+from ampkernels import FusedAdamW, FusedSGD
 from ampkernels.float8 import Float8Linear, convert_to_float8, precompute_float8_scales
 from ampkernels.float8 import fsdp as float8_fsdp
 from ampkernels.float8.fsdp import Float8AllGatherWeight, Float8GatheredWeight
@@ -218,6 +218,45 @@ def test_fsdp2_float8_all_gather_one_gpu_nccl(tmp_path, precompute, compiled):
     _check(ranks, reference, precompute)
 
 
+def _hsdp_worker(rank, world, device):
+    """HSDP: fully_shard over a 2-D (replicate, shard) mesh, here 1 x 2. The weights' DTensor mesh is the 2-D one
+    (FSDP2 all-gathers over its shard dimension); precompute_float8_scales reduces the amaxes over the shards."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (1, world), mesh_dim_names=("replicate", "shard"))
+    model = _model(device, all_gather=True)
+    for name in LAYERS:
+        fully_shard(getattr(model, name), mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = _optimizer("fused_adamw", model)
+    half, params = GLOBAL_BATCH // world, []
+    for step in range(STEPS):
+        precompute_float8_scales(model)
+        valid = [getattr(model, name).weight._local_tensor._valid_scale() is not None for name in LAYERS]
+        x, y = _batch(step, device)
+        opt.zero_grad(set_to_none=True)
+        _loss(model, x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]).backward()
+        opt.step()
+        params.append({n: p.detach().full_tensor().cpu() for n, p in model.named_parameters()})
+    result = {"params": params, "precomputed": valid}
+    if rank == 0:
+        result["unsharded"] = _unsharded("fused_adamw", world, device)
+    return result
+
+
+def test_fsdp2_float8_all_gather_with_hsdp_mesh_matches_unsharded(tmp_path):
+    """precompute_float8_scales on weights sharded over a 2-D HSDP mesh (it once asked that mesh for its one
+    process group, which a 2-D mesh refuses): the scales are precomputed and the run is the unsharded one."""
+    ranks = run_ranks(tmp_path, _hsdp_worker, world=WORLD)
+    reference = ranks[0]["unsharded"]
+    for r, rec in enumerate(ranks):
+        assert rec["precomputed"] == [True] * len(LAYERS), f"rank {r}"
+        for step in range(STEPS):
+            for name, want in reference["params"][step].items():
+                assert torch.equal(rec["params"][step][name], want), f"rank {r} step {step} {name}"
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # One process: the wrappers themselves
 # --------------------------------------------------------------------------------------------------------------------
@@ -275,6 +314,59 @@ def test_fsdp2_float8_weights_round_trip_through_distributed_checkpoint(tmp_path
         assert result["saved_types"] == expected_saved, result
         assert result["local_types"] == ["Float8AllGatherWeight", "Tensor"], result  # weights / biases
         assert result["params_equal"], f"rank {r}: the step after the load differs"
+
+
+def _reload_worker(rank, world, device, optimizer):
+    """3 ranks: fc2's 64 rows shard as 22 + 22 + 20 and out's 16 as 6 + 6 + 4, so the last rank's FP8-all-gather
+    weights are padded, and FSDP2 gives them a new local tensor when it re-pads them after a load_state_dict (it
+    keeps a plain tensor's). 2 steps, a rollback to the initial weights, 2 steps; against the same run whose
+    optimizer re-reads its parameters after the load (its own state_dict loaded back, the masters resynced), bit
+    for bit. ``optimizer``: "sgd" (float32 weights), or "adamw-master" (bfloat16 weights, float32 masters)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    batch = 16 * world
+    results = {}
+    for kind in ("fused", "replanned"):
+        torch.manual_seed(0)
+        net = _Net().to(device, torch.bfloat16 if optimizer == "adamw-master" else torch.float32)
+        model = convert_to_float8(net, "tensorwise", min_features=0, fsdp_float8_all_gather=True)
+        for name in LAYERS:
+            fully_shard(getattr(model, name), mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if optimizer == "sgd":
+            opt = FusedSGD(model.parameters(), lr=0.1, momentum=0.9)
+        else:
+            opt = FusedAdamW(model.parameters(), lr=1e-2, master_weights=True)
+        params = []
+        for step in range(4):
+            if step == 2:
+                model.load_state_dict(initial)
+                if kind == "replanned":
+                    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+                    opt.resync_master_weights()
+            gen = torch.Generator().manual_seed(100 + step)
+            x, y = torch.randn(batch, 64, generator=gen), torch.randn(batch, 16, generator=gen)
+            opt.zero_grad(set_to_none=True)
+            _loss(model, x[rank * 16 : (rank + 1) * 16], y[rank * 16 : (rank + 1) * 16]).backward()
+            opt.step()
+            params.append({n: p.detach().full_tensor() for n, p in model.named_parameters()})
+        results[kind] = params
+    results["rows"] = model.fc2.weight.to_local().shape[0]
+    return results
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw-master"])
+def test_fsdp2_float8_weights_keep_training_after_a_load_that_repads_them(tmp_path, optimizer):
+    ranks = run_ranks(tmp_path, _reload_worker, optimizer, world=3)
+    assert [rank["rows"] for rank in ranks] == [22, 22, 20]
+    for r, rank in enumerate(ranks):
+        for step, (got, want) in enumerate(zip(rank["fused"], rank["replanned"], strict=True)):
+            for name in want:
+                assert torch.equal(got[name], want[name]), f"rank {r} step {step} {name}: parameters differ"
+        assert not torch.equal(rank["fused"][2]["fc2.weight"][44:], rank["fused"][3]["fc2.weight"][44:])
 
 
 class _Mesh:
@@ -366,6 +458,37 @@ def test_fsdp_float8_all_gather_options():
     plain.load_state_dict(model.state_dict())
     assert all(torch.equal(p, q) for p, q in zip(plain.state_dict().values(), model.state_dict().values()))
     model.load_state_dict(_Net().state_dict())
+
+
+def test_pickled_model_keeps_its_float8_all_gather_weights_trainable():
+    """A whole converted model pickled (torch.save(model), or a model handed to spawned processes) keeps each weight
+    a trainable Parameter around a Float8AllGatherWeight; it once came back as a plain tensor without
+    requires_grad, which no optimizer steps. Its state_dict still saves plain tensors."""
+    import io
+
+    model = _model(torch.device("cpu"), all_gather=True)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for name in LAYERS:
+        weight = getattr(loaded, name).weight
+        assert isinstance(weight, nn.Parameter) and isinstance(weight, Float8AllGatherWeight), name
+        assert weight.requires_grad and weight._float8_dtype == E4M3, name
+    assert [n for n, p in loaded.named_parameters()] == [n for n, p in model.named_parameters()]
+    optimizers = [FusedAdamW(m.parameters(), lr=1e-2) for m in (model, loaded)]
+    for step in range(2):
+        x, y = _batch(step, torch.device("cpu"))
+        for m, opt in zip((model, loaded), optimizers, strict=True):
+            opt.zero_grad(set_to_none=True)
+            _loss(m, x, y).backward()
+            opt.step()
+    for (name, p), q in zip(model.named_parameters(), loaded.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    buffer = io.BytesIO()
+    torch.save(loaded.state_dict(), buffer)
+    buffer.seek(0)
+    assert all(type(v) is torch.Tensor for v in torch.load(buffer).values())
 
 
 class _TiedLM(nn.Module):

@@ -265,3 +265,58 @@ def test_fsdp2_optimizer_state_round_trips_through_distributed_checkpoint(tmp_pa
             assert "torch.uint8" in result["dtypes"], result
         assert result["state_equal"], f"rank {r}: loaded state differs"
         assert result["params_equal"], f"rank {r}: the step after the load differs"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Master weights: a load into the sharded parameters
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _master_weights_run(rank: int, device: torch.device, sharded: bool) -> list[dict]:
+    """bfloat16 parameters with float32 master weights: 2 steps, then model.load_state_dict of the initial weights
+    (a rollback), then 2 more steps. The load is the truth: the next step must resync the masters from it."""
+    model = _model("bf16_sr", device)
+    if sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (WORLD,))
+        for layer in (model.fc1, model.fc2, model.fc3, model.out, model):
+            fully_shard(layer, mesh=mesh)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    opt = FusedAdamW(model.parameters(), lr=1e-2, weight_decay=0.1, master_weights=True)
+    half, record = GLOBAL_BATCH // WORLD, []
+    for step in range(4):
+        if step == 2:
+            model.load_state_dict(initial)
+        x, y = _batch(step, device)
+        opt.zero_grad(set_to_none=True)
+        for r in [rank] if sharded else range(WORLD):
+            _loss(model, x[r * half : (r + 1) * half], y[r * half : (r + 1) * half]).backward()
+        if not sharded:
+            for p in model.parameters():
+                p.grad.mul_(1.0 / WORLD)
+        opt.step()
+        record.append(
+            {n: (p.full_tensor() if sharded else p).detach().cpu().clone() for n, p in model.named_parameters()}
+        )
+    return record
+
+
+def _master_weights_worker(rank, world, device):
+    result = {"sharded": _master_weights_run(rank, device, sharded=True)}
+    if rank == 0:
+        result["unsharded"] = _master_weights_run(rank, device, sharded=False)
+    return result
+
+
+def test_fsdp2_master_weights_resync_after_a_load(tmp_path):
+    """model.load_state_dict into FSDP2 parameters copies into the DTensors, whose local shards (what the optimizer
+    steps) keep their version counters: the load must still count as one, or the next step writes the stale
+    master weights over the loaded parameters. Every step equals the unsharded run's, bit for bit."""
+    ranks = run_ranks(tmp_path, _master_weights_worker, world=WORLD)
+    reference = ranks[0]["unsharded"]
+    for r, rank in enumerate(ranks):
+        for step, (got, want) in enumerate(zip(rank["sharded"], reference, strict=True)):
+            for name in want:
+                assert torch.equal(got[name], want[name]), f"rank {r} step {step} {name}: parameters differ"

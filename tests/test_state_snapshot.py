@@ -240,3 +240,134 @@ def test_restore_does_not_count_as_a_write_to_the_parameters():
     versions = [p._version for p in model.parameters()]
     snap.restore()
     assert [p._version for p in model.parameters()] == versions
+
+
+def _wide_model():
+    """The first weight (128 x 64) is large enough for quantized moments."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(), torch.nn.Linear(128, 4))
+
+
+def _wide_batches(n, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, 64, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(n)]
+
+
+def _loaded(kind):
+    """A model and a fused optimizer resumed from a torch optimizer's checkpoint: state in another format than the
+    fused step keeps (no 'step' for SGD's momentum buffer, float moments for quantized ones, a Python step count)."""
+    model = _wide_model()
+    if kind == "FusedSGD":
+        source, opt = torch.optim.SGD, functools.partial(ampkernels.FusedSGD, lr=0.1, momentum=0.9)
+    else:
+        bits = {"FusedAdamW-8bit": "8bit", "FusedAdamW-4bit": "4bit", "FusedAdamW-int-step": None}[kind]
+        source = functools.partial(torch.optim.AdamW, foreach=False)
+        opt = functools.partial(ampkernels.FusedAdamW, exp_avg_dtype=bits, exp_avg_sq_dtype=bits)
+    trained = source(model.parameters(), lr=1e-2, **({"momentum": 0.9} if kind == "FusedSGD" else {}))
+    for x, y in _wide_batches(2, seed=3):
+        trained.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        trained.step()
+    saved = copy.deepcopy(trained.state_dict())
+    if kind == "FusedAdamW-int-step":
+        for entry in saved["state"].values():
+            entry["step"] = int(entry["step"])
+    twins = []
+    for _ in range(2):
+        twin = copy.deepcopy(model)
+        twin_opt = opt(twin.parameters(), lr=1e-2)
+        twin_opt.load_state_dict(copy.deepcopy(saved))
+        twins.append((twin, twin_opt))
+    return twins
+
+
+def _plain_step(model, opt):
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+def _assert_same_state(opt, fresh_opt):
+    ours, theirs = opt.state_dict(), fresh_opt.state_dict()
+    for sa, sb in zip(ours["state"].values(), theirs["state"].values(), strict=True):
+        assert sa.keys() == sb.keys()
+        for key in sa:
+            assert type(sa[key]) is type(sb[key]), key
+            assert torch.equal(torch.as_tensor(sa[key]), torch.as_tensor(sb[key])), key
+
+
+@pytest.mark.parametrize("kind", ["FusedSGD", "FusedAdamW-8bit", "FusedAdamW-4bit", "FusedAdamW-int-step"])
+def test_restore_puts_back_a_loaded_state_that_the_first_step_converted(kind):
+    """An optimizer resumed from torch's checkpoint converts the loaded state at its first step (SGD's buffer gets
+    its step count of 1, float moments become codes, a Python step count a tensor). Steps undone by restore must
+    leave the state the next step starts from, in the tensors the steps used (a graph captured over them keeps
+    their addresses): the run that follows equals that of a twin that never took them, and no state is lost."""
+    (model, opt), (fresh, fresh_opt) = _loaded(kind)
+    snap = snapshot_state(model, opt)
+    step = _plain_step(model, opt)
+    x0, y0 = _wide_batches(1)[0]
+    for _ in range(3):
+        step(x0, y0)
+    used = _state_tensors(opt)
+    snap.restore()
+    assert _state_tensors(opt).keys() == used.keys()
+    assert all(_state_tensors(opt)[k] is v for k, v in used.items()), "restore replaced a state tensor"
+    fresh_step = _plain_step(fresh, fresh_opt)
+    for x, y in _wide_batches(4)[1:]:
+        assert torch.equal(step(x, y), fresh_step(x, y))
+    for p, q in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(p, q)
+    _assert_same_state(opt, fresh_opt)
+
+
+@pytest.mark.parametrize("bits", ["8bit", "4bit"])
+def test_restore_leaves_a_fresh_low_bit_state_that_saves_and_loads(bits):
+    """What a fresh optimizer with quantized moments creates at its first step, reset by restore, is the state of a
+    fresh optimizer that took that step's Python side: its code widths among it. A captured run steps that state
+    by replays alone (no Python): a checkpoint of it must load, and resume as the twin does."""
+    model = _wide_model()
+    opt = ampkernels.FusedAdamW(model.parameters(), lr=1e-2, exp_avg_dtype=bits, exp_avg_sq_dtype=bits)
+    snap = snapshot_state(model, opt)
+    step = _plain_step(model, opt)
+    x0, y0 = _wide_batches(1)[0]
+    for _ in range(3):
+        step(x0, y0)
+    snap.restore()
+    width = {"8bit": 8, "4bit": 4}[bits]
+    quantized = [s for s in opt.state.values() if s["exp_avg"].dtype == torch.uint8]
+    assert quantized and all(s["exp_avg_bits"] == s["exp_avg_sq_bits"] == width for s in quantized)
+    twin = copy.deepcopy(model)
+    twin_opt = ampkernels.FusedAdamW(twin.parameters(), lr=1e-2, exp_avg_dtype=bits, exp_avg_sq_dtype=bits)
+    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    twin_step = _plain_step(twin, twin_opt)
+    for x, y in _wide_batches(3)[1:]:
+        assert torch.equal(step(x, y), twin_step(x, y))
+    _assert_same_state(opt, twin_opt)
+
+
+def test_restore_keeps_the_loaded_state_of_a_parameter_the_steps_left_alone():
+    """A parameter without a gradient in the undone steps (frozen for them, or trained by another captured step) keeps
+    its loaded state as it was (float moments that its first step will quantize), not the converted values."""
+    (model, opt), (fresh, fresh_opt) = _loaded("FusedAdamW-8bit")
+    frozen = model[0].weight
+    loaded = {k: v.clone() for k, v in opt.state[frozen].items() if isinstance(v, torch.Tensor)}
+    snap = snapshot_state(model, opt)
+    x0, y0 = _wide_batches(1)[0]
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x0), y0).backward()
+        frozen.grad = None
+        opt.step()
+    snap.restore()
+    assert opt.state[frozen].keys() == loaded.keys()
+    for key, value in loaded.items():
+        assert opt.state[frozen][key].dtype == value.dtype and torch.equal(opt.state[frozen][key], value), key
+    step, fresh_step = _plain_step(model, opt), _plain_step(fresh, fresh_opt)
+    for x, y in _wide_batches(4)[1:]:
+        assert torch.equal(step(x, y), fresh_step(x, y))
+    _assert_same_state(opt, fresh_opt)

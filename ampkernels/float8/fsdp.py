@@ -137,6 +137,10 @@ class Float8AllGatherWeight(torch.Tensor):
 
     def __reduce_ex__(self, protocol):
         # torch.save of a state_dict: the plain weight (a converted model's checkpoint loads into the plain model).
+        # The Parameter itself (a pickled model: torch.save(model), a module sent to spawned processes) stays one,
+        # wrapped: as a plain tensor it would lose requires_grad, and no optimizer would step it.
+        if isinstance(self, nn.Parameter):
+            return _rebuild_parameter, (self._hp.detach(), self._float8_dtype, self.requires_grad)
         return self._hp.__reduce_ex__(protocol)
 
     def __repr__(self) -> str:
@@ -188,6 +192,10 @@ class Float8AllGatherWeight(torch.Tensor):
             _local(out)._scale_inv.copy_(scale_inv)
             return None
         return Float8GatheredWeight(codes, scale_inv.clone(), param_dtype), (codes,)
+
+
+def _rebuild_parameter(hp: torch.Tensor, float8_dtype: torch.dtype, requires_grad: bool) -> nn.Parameter:
+    return nn.Parameter(Float8AllGatherWeight(hp, float8_dtype), requires_grad=requires_grad)
 
 
 class Float8GatheredWeight(torch.Tensor):
@@ -266,12 +274,16 @@ def precompute_float8_scales(module: nn.Module | Iterable[torch.Tensor]) -> None
         local = _local(p)
         if isinstance(local, Float8AllGatherWeight):
             mesh = getattr(p, "device_mesh", None)
-            groups.setdefault((id(mesh), local._float8_dtype), (mesh, local._float8_dtype, []))[2].append(p)
-    for mesh, float8_dtype, weights in groups.values():
+            # The mesh dimensions the shards differ along: HSDP's 2-D mesh replicates them along its first.
+            dims = tuple(d for d, placement in enumerate(getattr(p, "placements", ())) if placement.is_shard())
+            key = (id(mesh), dims, local._float8_dtype)
+            groups.setdefault(key, (mesh, dims, local._float8_dtype, []))[3].append(p)
+    for mesh, dims, float8_dtype, weights in groups.values():
         locals_ = [_local(p) for p in weights]
         amaxes = _shard_amaxes([w._hp for w in locals_])
-        if mesh is not None and mesh.size() > 1:
-            dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        for dim in dims:
+            if mesh.size(dim) > 1:
+                dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
         scales = reference.float8_scale(amaxes, float8_dtype).unbind(0)
         for p, w, scale in zip(weights, locals_, scales):
             w._precomputed = (scale, _steps_seen, weakref.ref(p), p._version)
