@@ -80,17 +80,18 @@ def optimizers(doc: dict[str, Any]) -> list[str]:
 
 def training(doc: dict[str, Any]) -> list[str]:
     lines = [
-        "| model | recipe | step ms | vs stock fused | vs stock foreach | peak GiB |",
-        "|---|---|---:|---:|---:|---:|",
+        "| model | recipe | step ms | vs stock fused | vs stock foreach | vs stock fused graphed | peak GiB |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in doc["rows"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['recipe']} | failed: {r['error'][:80]} | | | |")
+            lines.append(f"| {r['model']} | {r['recipe']} | failed: {r['error'][:80]} | | | | |")
             continue
         peak = "–" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:.2f}"
         lines.append(
             f"| {r['model']} | {r['recipe']} | {r['step_ms']:.2f} | {_speedup(r.get('speedup_over_stock_fused'))} | "
-            f"{_speedup(r.get('speedup_over_stock_foreach'))} | {peak} |"
+            f"{_speedup(r.get('speedup_over_stock_foreach'))} | "
+            f"{_speedup(r.get('speedup_over_stock_fused_graphed'))} | {peak} |"
         )
     numerics = [
         f"- {name}, {len(next(iter(info['runs'].values()))['loss'])} steps with injected overflows, {recipe} against "
