@@ -88,6 +88,14 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
 
 
+def _sharded_across_ranks(p: torch.Tensor) -> bool:
+    """A DTensor split over more than one rank (FSDP2; HSDP's replicated mesh dimension does not count)."""
+    if not _is_dtensor(p):
+        return False
+    mesh = p.device_mesh
+    return any(placement.is_shard() and mesh.size(dim) > 1 for dim, placement in enumerate(p.placements))
+
+
 def _check_process_group(group: Any) -> None:
     import torch.distributed as dist
 
@@ -173,7 +181,8 @@ class FusedGradScaler(GradScaler):
             The non-finite flag and the squared gradient norm are summed across the group's ranks in one
             all-reduce, so every rank makes the same skip decision, keeps the same scale and clips with the
             global norm. Not needed with DDP, whose gradients are already identical on every rank. A group of one
-            rank communicates nothing.
+            rank communicates nothing. Parameters that are DTensors sharded across ranks (FSDP2) without it are
+            refused (ValueError) at the first use of their optimizer.
 
     Example::
 
@@ -271,6 +280,16 @@ class FusedGradScaler(GradScaler):
         if cached is not None and dispatch.same_params(groups, cached[0]):
             return cached[1]
         flat = tuple(p for params in groups for p in params)
+        if self._process_group is None and any(_sharded_across_ranks(p) for p in flat):
+            # Each rank would then skip or take the step on its own shard's flag and clip with its shard's norm:
+            # the shards of one model silently part ways.
+            raise ValueError(
+                "FusedGradScaler: argument 'process_group': the optimizer's parameters are DTensors sharded across "
+                "ranks (FSDP2), so each rank holds a different part of the gradients; without the group each rank "
+                "would decide alone whether to skip the step and clip with its own shard's norm. Pass the group "
+                "the shards are spread over: FusedGradScaler(process_group=mesh.get_group()), or for HSDP the "
+                "group of the mesh's shard dimension"
+            )
         by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
         for p in flat:
             if not isinstance(p, torch.Tensor):

@@ -141,9 +141,35 @@ def _scenario_fsdp2(rank, world, device, kind):
     return record
 
 
+def _scenario_fsdp2_without_group(rank, world, device, kind):
+    """FSDP2 gradients and a scaler without process_group: each rank would skip and clip on its own shard alone."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(device)
+    fully_shard(model, mesh=mesh)
+    opt = _make_optimizer(kind, model.parameters())
+    scaler = FusedGradScaler(device.type, init_scale=INIT_SCALE)
+    scaler.scale(model(torch.randn(8, 16, device=device)).square().mean()).backward()
+    before = [p.grad.to_local().clone() for p in model.parameters()]
+    try:
+        scaler.unscale_(opt)
+    except ValueError as exc:
+        message = str(exc)
+    else:
+        message = None
+    return {
+        "message": message,
+        "untouched": all(torch.equal(p.grad.to_local(), b) for p, b in zip(model.parameters(), before)),
+    }
+
+
 SCENARIOS = {
     "sharded": _scenario_sharded,
     "fsdp2": _scenario_fsdp2,
+    "fsdp2_without_group": _scenario_fsdp2_without_group,
     "group_of_one": _scenario_group_of_one,
     "ddp": _scenario_ddp,
 }
@@ -188,6 +214,12 @@ def test_fsdp2_dtensor_gradients(tmp_path):
         assert rec["scale"] == ranks[0]["scale"] and rec["norm"] == ranks[0]["norm"]
         finite = [step for step in range(STEPS) if step != OVERFLOW_STEP]
         assert [rec["norm"][s] for s in finite] == pytest.approx([rec["full_norm"][s] for s in finite], rel=1e-5)
+
+
+def test_fsdp2_gradients_without_process_group_are_refused_before_any_write(tmp_path):
+    for rank, rec in enumerate(_run(tmp_path, "fsdp2_without_group")):
+        assert rec["message"] is not None and "argument 'process_group'" in rec["message"], f"rank {rank}"
+        assert rec["untouched"], f"rank {rank}: gradients written before the error"
 
 
 def test_process_group_of_one_communicates_nothing(tmp_path):
