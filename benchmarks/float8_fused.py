@@ -30,6 +30,12 @@ CPU_DIM, CPU_FFN = 128, 512
 BATCH, HEAD_DIM = 8, 128
 
 
+# What each torch row runs, recorded with it (the published table says which torch it was timed against).
+NORM_CODE = "F.rms_norm"
+SILU_CODE = "F.silu(gate) * up"
+ROPE_CODE = "benchmarks.models.rotary"
+
+
 def _torch_norm(x, weight):
     return F.rms_norm(x, (x.shape[-1],), weight, 1e-5)
 
@@ -71,20 +77,21 @@ def _cases(device: torch.device, small: bool) -> list[dict[str, Any]]:
     silu_torch, silu_ours = (lambda: F.silu(gate) * up), (lambda: silu_mul(gate, up))
     rope_torch, rope_ours = (lambda: rotary(q)), (lambda: rotary_embedding(q))
     return [
-        dict(op="rms_norm", shape=f"{tokens}x{dim} fp32", pass_="forward", bytes=n_norm * 8,
+        dict(op="rms_norm", shape=f"{tokens}x{dim} fp32", pass_="forward", bytes=n_norm * 8, torch_code=NORM_CODE,
              torch=no_grad(norm_torch), ours=no_grad(norm_ours)),
         dict(op="rms_norm", shape=f"{tokens}x{dim} fp32", pass_="forward + backward", bytes=n_norm * 8 + n_norm * 12,
-             torch=forward_backward(norm_torch, grad_norm, x, weight),
+             torch_code=NORM_CODE, torch=forward_backward(norm_torch, grad_norm, x, weight),
              ours=forward_backward(norm_ours, grad_norm, x, weight)),
-        dict(op="silu_mul", shape=f"{tokens}x{ffn} bf16", pass_="forward", bytes=n_h * 6,
+        dict(op="silu_mul", shape=f"{tokens}x{ffn} bf16", pass_="forward", bytes=n_h * 6, torch_code=SILU_CODE,
              torch=no_grad(silu_torch), ours=no_grad(silu_ours)),
         dict(op="silu_mul", shape=f"{tokens}x{ffn} bf16", pass_="forward + backward", bytes=n_h * 6 + n_h * 10,
-             torch=forward_backward(silu_torch, grad_h, gate, up),
+             torch_code=SILU_CODE, torch=forward_backward(silu_torch, grad_h, gate, up),
              ours=forward_backward(silu_ours, grad_h, gate, up)),
         dict(op="rotary_embedding", shape=f"{list(q.shape)} bf16", pass_="forward", bytes=n_norm * 4,
-             torch=no_grad(rope_torch), ours=no_grad(rope_ours)),
+             torch_code=ROPE_CODE, torch=no_grad(rope_torch), ours=no_grad(rope_ours)),
         dict(op="rotary_embedding", shape=f"{list(q.shape)} bf16", pass_="forward + backward", bytes=n_norm * 8,
-             torch=forward_backward(rope_torch, grad_q, q), ours=forward_backward(rope_ours, grad_q, q)),
+             torch_code=ROPE_CODE, torch=forward_backward(rope_torch, grad_q, q),
+             ours=forward_backward(rope_ours, grad_q, q)),
     ]  # fmt: skip
 
 
@@ -105,6 +112,7 @@ def run_fused(ctx) -> list[dict[str, Any]]:
                 "op": case["op"],
                 "shape": case["shape"],
                 "pass": case["pass_"],
+                "torch_code": case["torch_code"],
                 "bytes": case["bytes"],
                 "torch_ms": ms["torch"],
                 "ms": ms["ours"],

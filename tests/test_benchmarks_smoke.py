@@ -341,4 +341,8 @@ def test_float8_benchmark_smoke(tmp_path):
     assert all("ms" in row and row["losses_finite"] for row in stack.values()), stack
     report = bench_float8.report(document)
     assert "LlamaStack training step" in report and "One layer" in report and "Fused RMSNorm" in report
+    from benchmarks import report as published  # the published table names the torch code each row was timed as
+
+    assert {row["op"]: row["torch_code"] for row in document["fused"]}["rms_norm"] == "F.rms_norm"
+    assert "| F.rms_norm |" in "\n".join(published.RENDERERS["float8"](document))
     assert any(line.startswith("Llama stack fp8 tensorwise") for line in bench_float8.summary(document))
