@@ -205,6 +205,30 @@ def test_strided_rows_longer_than_a_grid_dimension(path, backend):
     _check(path, x, torch.float8_e4m3fn, backend=backend)
 
 
+@needs_triton
+@pytest.mark.parametrize("path", list(PATHS))
+def test_triton_launches_on_the_device_of_x(path, monkeypatch):
+    """Triton launches on the current CUDA device: the casts make x's device current first, as the native casts do
+    with a CUDA guard (x on cuda:1 while cuda:0 is current was cast from cuda:0)."""
+    import ampkernels.triton
+
+    guarded = []
+    real = ampkernels.triton.device_guard
+    monkeypatch.setattr(ampkernels.triton, "device_guard", lambda device: guarded.append(device) or real(device))
+    x = _data((33, 40), torch.bfloat16, seed=8)
+    _run(path, x, torch.float8_e4m3fn, False, "triton")
+    assert guarded == [x.device]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_x_on_a_device_that_is_not_current(path, delayed):
+    x = _data((333, 129), torch.bfloat16, seed=8, device="cuda:1")
+    with torch.cuda.device(0):
+        _check(path, x, torch.float8_e4m3fn, delayed, backend="triton")
+
+
 @pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 @pytest.mark.parametrize("path", list(PATHS))

@@ -211,6 +211,65 @@ def test_rotary_embedding_matches_the_reference_within_torchs_error(layout, dtyp
         _check_error(a, b, e, what)
 
 
+@needs_triton
+def test_triton_launches_on_the_device_of_the_inputs(monkeypatch):
+    """Triton launches on the current CUDA device: each fused op (forward and backward) makes its inputs' device
+    current first (inputs on cuda:1 while cuda:0 is current were worked on from cuda:0)."""
+    import ampkernels.triton
+
+    guarded = []
+    real = ampkernels.triton.device_guard
+    monkeypatch.setattr(ampkernels.triton, "device_guard", lambda device: guarded.append(device) or real(device))
+    x = torch.randn(4, 6, 8, device=DEV, requires_grad=True)
+    w = torch.ones(8, device=DEV, requires_grad=True)
+    (rms_norm(x, w, backend="triton").sum() + silu_mul(x, x, backend="triton").sum()).backward()
+    rotary_embedding(x, backend="triton").sum().backward()
+    assert guarded == [x.device] * 6
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_inputs_on_a_device_that_is_not_current():
+    x = torch.randn(4, 33, 96, device="cuda:1", requires_grad=True)
+    w = torch.randn(96, device="cuda:1", requires_grad=True)
+    results = []
+    for backend in ("triton", "torch"):
+        with torch.cuda.device(0):
+            outs = (
+                rms_norm(x, w, backend=backend),
+                silu_mul(x, x * 2, backend=backend),
+                rotary_embedding(x, backend=backend),
+            )
+            grads = torch.autograd.grad(sum(o.sum() for o in outs), (x, w))
+        results.append((*outs, *grads))
+    for ours, ref in zip(*results, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+_ROTARY_FAR_STRIDE = """
+import torch
+from ampkernels.float8 import rotary_embedding
+s = 2**30
+# 3 * 2**30 + 2 fp16 elements of address space, only 4 of them touched (written here, read by the kernel).
+x = torch.empty(3 * s + 2, dtype=torch.float16).as_strided((1, 2, 1, 4), (1, 1, 1, s))
+x.copy_(torch.tensor([[1.0, -2.0, 3.0, 0.5], [0.25, 5.0, -6.0, 7.0]]).view(1, 2, 1, 4))
+ours = rotary_embedding(x, backend="triton")
+print(torch.equal(ours, rotary_embedding(x, backend="torch")))
+"""
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="6 GiB of address space: lazily mapped on the CPU, not on a GPU")
+@needs_triton
+def test_rotary_embedding_element_offsets_past_int32():
+    """x's last dimension with stride 2**30 (D not innermost): the element offset (i + D/2) * stride is 2**31,
+    which an int32 product wraps to a negative offset (a crash under the interpreter, wrong reads on a GPU). Run in
+    a subprocess so that a crash fails this test only."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ROTARY_FAR_STRIDE], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "True", (done.returncode, done.stdout, done.stderr[-2000:])
+
+
 def test_rotary_embedding_arguments_are_checked_by_name():
     x = torch.randn(2, 4, 6, device=DEV)
     with pytest.raises(ValueError, match="argument 'x'.*D even"):

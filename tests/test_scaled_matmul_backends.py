@@ -233,3 +233,29 @@ def test_info_reports_the_backend():
 
     text = info.report()
     assert "scaled_matmul" in text
+
+
+def test_triton_launches_on_the_device_of_the_operands(monkeypatch, fresh_caches):
+    """Triton launches on the current CUDA device (and allocates its TMA scratch there): scaled_matmul makes the
+    operands' device current first, as the native ops do with a CUDA guard (operands on cuda:1 while cuda:0 is
+    current were multiplied from cuda:0)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    _need_triton(device)
+    import ampkernels.triton
+
+    guarded = []
+    real = ampkernels.triton.device_guard
+    monkeypatch.setattr(ampkernels.triton, "device_guard", lambda device: guarded.append(device) or real(device))
+    a = torch.randn(32, 48, device=device).to(torch.bfloat16)
+    b = torch.randn(48, 16, device=device).to(torch.bfloat16)
+    scaled_matmul(a, b, backend="triton")
+    assert guarded == [a.device]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_triton_on_a_device_that_is_not_current(fresh_caches):
+    a = torch.randn(256, 128, device="cuda:1").to(torch.bfloat16)
+    b = torch.randn(128, 192, device="cuda:1").to(torch.bfloat16)
+    with torch.cuda.device(0):
+        ours = scaled_matmul(a, b, backend="triton")
+    torch.testing.assert_close(ours.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-2)

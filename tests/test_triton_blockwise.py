@@ -565,3 +565,20 @@ def test_division_by_the_bias_correction_is_div_rn():
     expect = a[None, :] / c[:, None]
     same = (out.view(torch.int32) == expect.view(torch.int32)) | (out.isnan() & expect.isnan())
     assert bool(same.all()), f"{int((~same).sum())} of {same.numel()} quotients differ"
+
+
+def test_step_launches_on_the_parameters_device(monkeypatch):
+    """Triton launches on the current CUDA device: the step makes the parameters' device current first, as the
+    native table does with a CUDA guard (parameters on cuda:1 while cuda:0 is current were stepped from cuda:0)."""
+    import ampkernels.triton
+
+    guarded = []
+    real = ampkernels.triton.device_guard
+    monkeypatch.setattr(ampkernels.triton, "device_guard", lambda device: guarded.append(device) or real(device))
+    specs = [((2, 300), STATE_Q8, STATE_Q8)]
+    tensors = _to(_make(specs), DEV)
+    table = _table(tensors, specs, [0], [0])
+    grads = _grads(tensors, 1)
+    kw = dict(HYPER, decoupled_weight_decay=True)
+    table.step_adam([g.to(DEV) for g in grads], 1e-2, None, None, stochastic_rounding=False, seed=0, **kw)
+    assert guarded == [tensors[0]["param"].device]

@@ -455,3 +455,26 @@ def test_float64_norms_accumulate_in_float64(magnitude, norm_type):
         assert bool(torch.isfinite(out[0])) and float(out[0]) > 0
     assert_norm_close(out[0], ref[0])
     assert_norm_close(out[1], ref[1])
+
+
+@pytest.mark.parametrize(
+    "views",
+    [
+        lambda buf: [buf[:100], buf[50:150]],  # partial overlap
+        lambda buf: [buf[10:20], buf[:300], buf[400:]],  # one inside another, in the caller's order 0 and 1
+        lambda buf: [buf[:64], buf.view(torch.float16)[100:140]],  # the same bytes as float32 and as float16
+    ],
+    ids=["partial", "nested", "reinterpreted"],
+)
+def test_overlapping_views_refused_when_written(views):
+    """Views that share memory without being the same tensor (as the native op refuses them, before writing
+    anything): written in place they would be unscaled twice (raced on a GPU) and counted twice in the norm."""
+    buf = torch.randn(500, device=DEV)
+    before = buf.clone()
+    found = scalar(0.0)
+    with pytest.raises(ValueError, match="share memory"):
+        mt.unscale_reduce_(views(buf), scalar(2.0), found)
+    assert torch.equal(buf, before) and found.item() == 0.0
+    mt.unscale_reduce_(views(buf), scalar(2.0), found, write=False, norm_type=2.0)  # read-only: allowed
+    mt.unscale_reduce_([buf[:100], buf[100:200]], scalar(2.0), found)  # adjacent, not overlapping
+    assert torch.equal(buf[:200], before[:200] / 2) and torch.equal(buf[200:], before[200:])

@@ -98,3 +98,37 @@ def test_parameter_resized_with_its_state_rebuilds_or_refuses():
     ps[0].grad = torch.ones(2, 4, device=DEV)
     with pytest.raises((ValueError, RuntimeError), match="elements|size|shape"):
         opt.step()
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_steps_launch_on_the_parameters_device(kind, monkeypatch):
+    """Triton launches on the current CUDA device: the step makes the parameters' device current first, as the
+    native tables do with a CUDA guard (parameters on cuda:1 while cuda:0 is current were stepped from cuda:0)."""
+    import ampkernels.triton
+
+    guarded = []
+    real = ampkernels.triton.device_guard
+    monkeypatch.setattr(ampkernels.triton, "device_guard", lambda device: guarded.append(device) or real(device))
+    optimizers, params = _pair(kind, [(5, 7)])
+    _set_grads(params, 1)
+    optimizers[0].step()
+    assert guarded == [params[0][0].device]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_parameters_on_a_device_that_is_not_current(kind):
+    gen = torch.Generator().manual_seed(0)
+    values, grads = torch.randn(3000, generator=gen), torch.randn(3000, generator=gen)
+    stepped = []
+    for backend, device in (("triton", "cuda:1"), ("torch", "cuda:1")):
+        p = torch.nn.Parameter(values.clone().to(device))
+        p.grad = grads.clone().to(device)
+        if kind == "adamw":
+            opt = FusedAdamW([p], lr=0.1, weight_decay=0.01, backend=backend)
+        else:
+            opt = FusedSGD([p], lr=0.1, momentum=0.9, backend=backend)
+        with torch.cuda.device(0):
+            opt.step()
+        stepped.append(p.detach())
+    torch.testing.assert_close(stepped[0], stepped[1], rtol=1e-6, atol=1e-7)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import struct
 
@@ -16,6 +17,35 @@ def _sm_count(device_index: int) -> int:
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA ``device`` (read once per device: the query is not free)."""
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def device_guard(device: torch.device):
+    """Makes ``device`` current while Triton launches: Triton launches on the current CUDA device and its current
+    stream, so tensors on cuda:1 while cuda:0 is current would be worked on from cuda:0, on a stream that nothing
+    which wrote them is ordered with (the native ops take the same guard in C++)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def on_device_of_first_tensor(fn):
+    """Runs ``fn`` (a launcher whose first argument is a tensor) under :func:`device_guard` of that tensor's device."""
+
+    @functools.wraps(fn)
+    def launch(t: torch.Tensor, *args, **kwargs):
+        with device_guard(t.device):
+            return fn(t, *args, **kwargs)
+
+    return launch
+
+
+def on_own_device(method):
+    """Runs ``method`` (of a launcher object with a ``device``) under :func:`device_guard` of ``self.device``."""
+
+    @functools.wraps(method)
+    def launch(self, *args, **kwargs):
+        with device_guard(self.device):
+            return method(self, *args, **kwargs)
+
+    return launch
 
 
 def capturing() -> bool:

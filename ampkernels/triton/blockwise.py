@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ampkernels import dispatch
 from ampkernels._constants import QUANT_BLOCK, QUANT_CODES, STATE_BF16, STATE_F32, STATE_Q4, STATE_Q8
-from ampkernels.triton import f64_bits, is_dense, num_sms, retain_if_capturing
+from ampkernels.triton import f64_bits, is_dense, num_sms, on_own_device, retain_if_capturing
 from ampkernels.triton.blockwise_kernels import (
     META_ROWS,
     _blockwise_adam_kernel,
@@ -288,6 +288,7 @@ class BlockwiseStepTable:
             self._grads_aligned = all(g.data_ptr() % 16 == 0 for g in grads if g.numel())
         return grads, g_dtype
 
+    @on_own_device
     def step_adam(
         self,
         grads,

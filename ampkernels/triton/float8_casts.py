@@ -24,7 +24,7 @@ import triton
 
 from ampkernels import dispatch
 from ampkernels.reference import float8_max
-from ampkernels.triton import num_sms
+from ampkernels.triton import num_sms, on_device_of_first_tensor
 from ampkernels.triton.float8_casts_kernels import (
     _amax_flat_kernel,
     _amax_tiles_kernel,
@@ -218,6 +218,7 @@ def _cast_rows(x, out, scale, scale_inv, amax_out, found_inf, dtype) -> None:
     )
 
 
+@on_device_of_first_tensor
 def to_float8(x, dtype, granularity, scale, amax_out, transpose, found_inf, amax_scratch=None):
     """``reference.to_float8`` on a checked [M, K] ``x`` (see the module docstring): ``(data, scale_inv)``.
     ``amax_scratch``: tensorwise current scaling from the int32 [3] scratch x's producer filled with its amax (no amax
@@ -248,6 +249,7 @@ def to_float8(x, dtype, granularity, scale, amax_out, transpose, found_inf, amax
     return data, scale_inv
 
 
+@on_device_of_first_tensor
 def to_float8_pair(x, dtype, scale, amax_out, found_inf, amax_scratch=None):
     """``reference.to_float8_pair`` on a checked [M, K] ``x``: ``(data [M, K], data_t [K, M], scale_inv)`` from one
     read of x (plus the amax pass for current scaling, unless ``amax_scratch`` holds it: see :func:`to_float8`)."""

@@ -24,7 +24,7 @@ import torch
 import triton
 
 from ampkernels import dispatch
-from ampkernels.triton import num_sms
+from ampkernels.triton import num_sms, on_device_of_first_tensor
 from ampkernels.triton.float8_casts import _cdiv, _Scratch
 from ampkernels.triton.float8_fused_kernels import (
     _rms_norm_backward_kernel,
@@ -54,6 +54,7 @@ def _scratch_args(scratch, dummy):
     return scratch.amax, scratch.bad
 
 
+@on_device_of_first_tensor
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, scratch):
     """x [M, D], weight [D] -> (out [M, D] in ``out_dtype``, rstd [M] float32)."""
     M, D = x.shape
@@ -78,6 +79,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     return out, rstd
 
 
+@on_device_of_first_tensor
 def rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor):
     """-> (grad_x like x, grad_weight in weight's dtype)."""
     M, D = x.shape
@@ -106,6 +108,7 @@ def rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     return grad_x, partial.sum(0).to(weight.dtype)
 
 
+@on_device_of_first_tensor
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, out_dtype: torch.dtype, scratch) -> torch.Tensor:
     out = torch.empty(gate.shape, dtype=out_dtype, device=gate.device)
     n = gate.numel()
@@ -123,6 +126,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, out_dtype: torch.dtype, scrat
     return out
 
 
+@on_device_of_first_tensor
 def silu_mul_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor):
     grad_gate, grad_up = torch.empty_like(gate), torch.empty_like(up)
     n = gate.numel()
@@ -132,6 +136,7 @@ def silu_mul_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor):
     return grad_gate, grad_up
 
 
+@on_device_of_first_tensor
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
     """x [B, H, T, D] (any strides) rotated by the float32 tables cos / sin [T, D / 2] -> a tensor of x's shape,
     dtype and memory layout (``inverse``: by minus the angles)."""

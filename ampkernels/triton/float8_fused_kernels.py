@@ -177,7 +177,8 @@ def _rotary_kernel(
     bh = r // T
     h = bh % H
     b = bh // H
-    i = tl.arange(0, BLOCK_HALF)
+    # int64: the element offsets i * x_sd pass 2**31 when D is not x's innermost dimension of a large tensor.
+    i = tl.arange(0, BLOCK_HALF).to(tl.int64)
     mask = (r < rows)[:, None] & (i < HALF)[None, :]
     x_row = b * x_sb + h * x_sh + t * x_st
     o_row = b * o_sb + h * o_sh + t * o_st

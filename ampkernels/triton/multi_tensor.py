@@ -56,6 +56,20 @@ def _pad_even(seg: torch.Tensor) -> torch.Tensor:
     return torch.cat([seg, seg.new_zeros(1)]) if seg.numel() % 2 else seg
 
 
+def _intersecting(signature) -> tuple[int, int] | None:
+    """Two tensors (the smaller index first) of ``signature`` (``(data_ptr, numel, dtype)`` of non-overlapping and
+    dense tensors) whose memory shares a byte, or None: the same tensor twice or overlapping views (the native op's
+    ``find_intersecting``)."""
+    spans = sorted((p, p + k * d.itemsize, i) for i, (p, k, d) in enumerate(signature) if k > 0)  # bytes [p, end)
+    reach, owner = 0, -1
+    for begin, end, i in spans:
+        if owner >= 0 and begin < reach:
+            return min(owner, i), max(owner, i)
+        if end > reach:
+            reach, owner = end, i
+    return None
+
+
 class TensorTable:
     """Device metadata of a tensor list (DESIGN.md), built once with vectorised torch ops.
 
@@ -68,6 +82,7 @@ class TensorTable:
         groups: ``[(dtype, t_begin, t_end, c_begin, c_end)]`` on the host; ``group_aligned[i]`` says whether every
         tensor of group i starts on a 16-byte boundary (tensors are grouped by dtype, then by that alignment).
         signature: ``((data_ptr, numel, dtype), ...)`` in the caller's order, the cache key.
+        overlap: two tensors (indices in the caller's order) whose memory intersects, or None.
     """
 
     def __init__(self, tensors: Sequence[torch.Tensor], device: torch.device | None = None):
@@ -80,8 +95,7 @@ class TensorTable:
         self.signature = tuple(zip(ptrs, numels, dtypes, strict=True))
         n = len(tensors)
         self.num_tensors = n
-        live = [p for p, k in zip(ptrs, numels, strict=True) if k > 0]
-        self.has_duplicates = len(set(live)) != len(live)  # the same data twice (partial overlaps are not detected)
+        self.overlap = _intersecting(self.signature)
 
         rank: dict = {}
         for d in dtypes:
@@ -182,7 +196,7 @@ def unscale_reduce_(
     """Fused unscale (in place unless ``write=False``), non-finite check and norm over a tensor list.
 
     Same contract as ``reference.unscale_reduce_`` (DESIGN.md kernels 1 and 2), on arguments checked by
-    :func:`ampkernels.ops.unscale_reduce_` (this function checks nothing but the duplicates its table finds).
+    :func:`ampkernels.ops.unscale_reduce_` (this function checks nothing but the shared memory its table finds).
 
     Args:
         tensors: list of tensors, any mix of float32/float16/bfloat16/float64, all on one device, each non-overlapping
@@ -216,10 +230,11 @@ def unscale_reduce_(
         return norm, (torch.zeros(0, dtype=torch.float32, device=device) if per_tensor else None)
 
     table = get_table(tensors, device)
-    if write and table.has_duplicates:
+    if write and table.overlap is not None:
+        first, second = table.overlap
         raise ValueError(
-            "tensors contains the same non-empty tensor twice: with write=True it would be unscaled twice "
-            "(and raced on)"
+            f"ampkernels: argument 'tensors': elements {first} and {second} share memory (the same tensor twice, or "
+            "overlapping views) and would be unscaled twice (and raced on); pass each tensor once, or write=False"
         )
 
     n_chunks = table.num_chunks

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ampkernels import dispatch
 from ampkernels._constants import CHUNK
-from ampkernels.triton import f64_bits, is_dense, num_sms, retain_if_capturing
+from ampkernels.triton import f64_bits, is_dense, num_sms, on_own_device, retain_if_capturing
 from ampkernels.triton.optimizers_kernels import _GRAD, _adam_kernel, _prologue_kernel, _sgd_kernel
 
 BLOCK = 1024
@@ -154,6 +154,7 @@ class StepTable:
             BLOCK_T=_PROLOGUE_BLOCK,
         )
 
+    @on_own_device
     def step_adam(
         self,
         grads,
@@ -210,6 +211,7 @@ class StepTable:
             num_warps=NUM_WARPS,
         )
 
+    @on_own_device
     def step_sgd(
         self, grads, lr, grad_scale, found_inf, *, momentum, dampening, weight_decay, nesterov, maximize
     ) -> None:

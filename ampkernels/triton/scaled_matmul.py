@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ampkernels import dispatch
 from ampkernels._constants import SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR  # noqa: F401  (scale_mode values)
-from ampkernels.triton import capturing, num_sms, time_in_turns
+from ampkernels.triton import capturing, num_sms, on_device_of_first_tensor, time_in_turns
 from ampkernels.triton.scaled_matmul_kernels import _scaled_mm_ptr_kernel, _scaled_mm_tma_kernel
 
 try:  # triton >= 3.3
@@ -622,6 +622,7 @@ def launcher_for(
     return launcher
 
 
+@on_device_of_first_tensor
 def scaled_mm_(
     a: torch.Tensor,
     b: torch.Tensor,
