@@ -139,6 +139,15 @@ def unscale_reduce_(
             coef if has_norm and max_norm is not None else None,
         )
     _check_tensors(tensors, device)
+    if write:
+        for i, t in enumerate(tensors):
+            # Refused before anything is written, as the native op does: the in-place write of an expanded tensor
+            # fails only after the tensors before it were unscaled.
+            if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
+                raise ValueError(
+                    f"ampkernels: argument 'tensors': element {i} has elements that share memory (an expanded "
+                    "tensor?) and cannot be written in place; pass write=False or a tensor of its own (.clone())"
+                )
     if name == "triton":
         # The Triton kernels walk flat memory: stage non-contiguous views through a contiguous copy.
         staged = {i: t.contiguous() for i, t in enumerate(tensors) if not t.is_contiguous()}

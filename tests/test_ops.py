@@ -187,6 +187,20 @@ def test_non_dense_views_are_staged_and_written_back(device, backend):
     torch.testing.assert_close(res.norm, (expected[:, ::2].double().norm()).float(), rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_expanded_tensor_is_refused_before_anything_is_written(device, backend):
+    """Written in place, an expanded tensor would have one element unscaled once per view of it; every backend
+    refuses it before it has unscaled the tensors before it."""
+    _skip_unless_runs(backend, device)
+    first = torch.full((4,), 8.0, device=device)
+    expanded = torch.full((1,), 8.0, device=device).expand(4)
+    found = _scalar(0.0, device)
+    with pytest.raises((ValueError, RuntimeError), match="element 1 has elements that share memory"):
+        ops.unscale_reduce_([first, expanded], _scalar(2.0, device), found, backend=backend)
+    assert first.tolist() == [8.0] * 4 and expanded.tolist() == [8.0] * 4
+    ops.unscale_reduce_([first, expanded], _scalar(2.0, device), found, write=False, backend=backend)
+
+
 def test_bad_input_names_the_argument(device):
     _skip_unless_runs("native", device)
     t = [torch.randn(10, device=device)]
