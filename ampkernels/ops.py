@@ -52,8 +52,9 @@ def _check_scalar(t, name: str, device: torch.device, dtype: torch.dtype = torch
         raise ValueError(f"ampkernels: argument '{name}': expected a contiguous tensor, got strides {t.stride()}")
 
 
-def _check_tensors(tensors: list, device: torch.device) -> None:
-    """Every element a strided floating-point tensor on ``device`` (the native op checks the same in C++)."""
+def _check_tensors(tensors: list, device: torch.device, write: bool) -> None:
+    """Every element a strided floating-point tensor on ``device``, and with ``write`` none expanded (the native op
+    checks the same in C++). One pass: the scaler's Triton and torch paths call it every step."""
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"ampkernels: argument 'tensors': element {i} is a {type(t).__name__}, not a tensor")
@@ -68,6 +69,13 @@ def _check_tensors(tensors: list, device: torch.device) -> None:
             )
         if t.layout != torch.strided:
             raise TypeError(f"ampkernels: argument 'tensors': element {i} has layout {t.layout}; only strided")
+        # Refused before anything is written: the in-place write of an expanded tensor would fail only after the
+        # tensors before it were unscaled.
+        if write and not t.is_contiguous() and any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+            raise ValueError(
+                f"ampkernels: argument 'tensors': element {i} has elements that share memory (an expanded tensor?) "
+                "and cannot be written in place; pass write=False or a tensor of its own (.clone())"
+            )
 
 
 def _check_real(value, name: str) -> None:
@@ -138,16 +146,7 @@ def unscale_reduce_(
             each if has_norm and per_tensor else None,
             coef if has_norm and max_norm is not None else None,
         )
-    _check_tensors(tensors, device)
-    if write:
-        for i, t in enumerate(tensors):
-            # Refused before anything is written, as the native op does: the in-place write of an expanded tensor
-            # fails only after the tensors before it were unscaled.
-            if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
-                raise ValueError(
-                    f"ampkernels: argument 'tensors': element {i} has elements that share memory (an expanded "
-                    "tensor?) and cannot be written in place; pass write=False or a tensor of its own (.clone())"
-                )
+    _check_tensors(tensors, device, write)
     if name == "triton":
         # The Triton kernels walk flat memory: stage non-contiguous views through a contiguous copy.
         staged = {i: t.contiguous() for i, t in enumerate(tensors) if not t.is_contiguous()}
