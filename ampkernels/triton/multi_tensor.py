@@ -7,7 +7,6 @@ one device; 1-element float32 scalars): they build (and cache) the tensors' devi
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ import triton.language as tl
 from ampkernels import dispatch, reference
 from ampkernels._constants import NORM_INF, NORM_L2, NORM_NONE
 from ampkernels._constants import TRITON_UNSCALE_CHUNK as CHUNK
-from ampkernels.triton import f64_bits, retain_if_capturing
+from ampkernels.triton import device_guard, f64_bits, retain_if_capturing
 from ampkernels.triton.multi_tensor_kernels import (
     _finalize_kernel,
     _per_tensor_norm_kernel,
@@ -170,11 +169,6 @@ def _num_programs(device: torch.device, chunks: int) -> int:
     return chunks
 
 
-def _device_guard(device: torch.device):
-    # Triton launches on the current CUDA device: make it the tensors' device (tensors on cuda:1, current cuda:0).
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 def _norm_mode(norm_type) -> int:
     if norm_type is None:
         return NORM_NONE
@@ -242,7 +236,7 @@ def unscale_reduce_(
     norm = torch.empty((), dtype=torch.float32, device=device) if mode != NORM_NONE else None
     per = torch.empty(n, dtype=torch.float32, device=device) if per_tensor else None
 
-    with _device_guard(device):
+    with device_guard(device):
         for (dtype, _, _, c_begin, c_end), aligned in zip(table.groups, table.group_aligned, strict=True):
             if c_end == c_begin:
                 continue
@@ -327,7 +321,7 @@ def update_scale_(
     """
     device = scale.device
     has_history = history is not None and history.numel() > 0
-    with _device_guard(device):
+    with device_guard(device):
         _update_scale_kernel[(1,)](
             scale,
             growth_tracker,
