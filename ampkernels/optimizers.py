@@ -173,9 +173,9 @@ class _Bucket:
     def hand_over_gradients(self) -> bool:
         """False (nothing handed over) when a parameter has another local tensor than the bucket steps: FSDP2 gives
         an FP8-all-gather weight's padded shard a new one when it re-pads it (after ``load_state_dict``, ``.to()``)."""
-        if any(_local(p) is not local for local, p in zip(self.params, self.sources, strict=True)):
-            return False
-        for local, p in zip(self.params, self.sources, strict=True):
+        for local, p in zip(self.params, self.sources, strict=True):  # (one pass: it runs every step)
+            if _local(p) is not local:
+                return False  # (the caller lets go of what was handed over so far)
             local.grad = None if p.grad is None else _local(p.grad)
         return True
 
