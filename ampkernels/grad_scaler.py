@@ -236,6 +236,14 @@ class FusedGradScaler(GradScaler):
         dispatch.check_backend("unscale_reduce_", backend)
         if process_group is not None:
             _check_process_group(process_group)
+        if device == "cuda" and enabled and torch.cuda.amp.common.amp_definitely_not_available():
+            # Said here, under our name: the base class would warn about torch.cuda.amp.GradScaler.
+            warnings.warn(
+                "FusedGradScaler is enabled on device 'cuda', but CUDA is not available: disabling it (scale() "
+                "and step() pass through). To train on the CPU, pass the device: FusedGradScaler('cpu')",
+                stacklevel=2,
+            )
+            enabled = False
         super().__init__(device, float(init_scale), growth_factor, backoff_factor, growth_interval, enabled)
         self._process_group = process_group
         self._hysteresis = hysteresis
