@@ -269,6 +269,8 @@ setup(
         # torch version it was built for, and installing it may replace the torch already there.
         "models": ["transformers", "torchvision"],
         "test": ["pytest", "matplotlib", "tqdm"],
+        # The frameworks ampkernels.integrations plugs into (tests/test_integrations_*.py skip without them).
+        "integrations": ["transformers", "accelerate", "lightning"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
