@@ -28,7 +28,12 @@ Ops and their backends (``BACKENDS[op]``, in order of preference):
   default.
 
 A missing piece never breaks ``import ampkernels``: it only removes a backend, and asking for that backend by name
-raises with the reason (:func:`why_not`). The choice (:func:`select`): the backend passed by the caller, else the
+raises with the reason (:func:`why_not`). Missing means an optional dependency that is not installed: ``triton``, or
+the extension ``ampkernels._C`` not built. A piece that is there but fails to import (a module of ours raising
+NameError or ImportError, an extension built against another torch) is never reported as unavailable: the first
+:func:`why_not`, :func:`select`, :func:`native` or :func:`triton_module` that needs it raises
+:class:`BackendImportError` from the original exception (for the extension that is ``import ampkernels`` itself,
+which registers its fake ops). The choice (:func:`select`): the backend passed by the caller, else the
 op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs.
 
 Environment variables read by ampkernels (``python -m ampkernels.info`` prints those set):
@@ -65,6 +70,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 
 import torch
@@ -144,41 +150,78 @@ _LOADED: dict[str, tuple] = {}
 _NATIVE_OPS: dict[str, object] = {}
 
 
-def _import(module: str, errors: tuple[type[BaseException], ...], reason) -> tuple:
-    """(module, None), or (None, ``reason(exc)``) when importing it raised one of ``errors``; remembered."""
+class BackendImportError(Exception):
+    """A backend module of ampkernels is installed but fails to import: a bug in it, or a stale native build. Not an
+    ImportError on purpose: nothing that handles a missing optional piece (``except ImportError``) may swallow it."""
+
+
+def _not_installed(exc: BaseException, package: str) -> bool:
+    """Whether ``exc`` says that ``package`` (or a module under it) is not installed, and ``package`` indeed cannot
+    be found: a ``ModuleNotFoundError`` for ``triton.langauge`` (a typo of ours) while ``triton`` is installed is
+    not a missing dependency."""
+    if not isinstance(exc, ModuleNotFoundError) or exc.name is None:
+        return False
+    if exc.name != package and not exc.name.startswith(package + "."):
+        return False
+    top = package.split(".")[0]
+    if top != package:  # ampkernels._C: its parent package is importing, so only the module itself can be missing
+        return exc.name == package
+    try:
+        return importlib.util.find_spec(top) is None
+    except (ImportError, ValueError):  # sys.modules[top] is None, or a module without a spec: not importable
+        return True
+
+
+def _import(module: str, package: str, reason, broken) -> tuple:
+    """(module, None), or (None, ``reason(exc)``) when ``package`` (an optional dependency) is not installed;
+    remembered. Any other failure raises :class:`BackendImportError` with ``broken(exc)`` from the original
+    exception, every time: a module of ours that does not import is a bug to show, not a backend to skip."""
     loaded = _LOADED.get(module)
     if loaded is None:
         try:
             loaded = importlib.import_module(module), None
-        except errors as exc:
+        except Exception as exc:
+            if not _not_installed(exc, package):
+                raise BackendImportError(broken(exc)) from exc
             loaded = None, reason(exc)
         _LOADED[module] = loaded
     return loaded
 
 
+_BUILD = "`pip install --no-build-isolation -e .` (set CUDA_HOME for the CUDA kernels)"
+
+
 def _load_native():
     return _import(
         "ampkernels._C",
-        (ImportError,),  # not built, or built against another torch
+        "ampkernels._C",
+        lambda exc: f"ampkernels._C is not built ({exc}); build it with {_BUILD}",
         lambda exc: (
-            f"ampkernels._C could not be imported ({exc}); build it with "
-            "`pip install --no-build-isolation -e .` (set CUDA_HOME for the CUDA kernels)"
+            f"ampkernels._C is built but does not load ({type(exc).__name__}: {exc}): a build against another torch "
+            f"or older sources (an undefined symbol says so); rebuild it with {_BUILD}, or delete ampkernels/_C*.so "
+            "to run without the native kernels"
         ),
     )
 
 
 def native():
-    """The native extension module (importing it registers the ``torch.ops.ampkernels`` ops), or ``None``."""
+    """The native extension module (importing it registers the ``torch.ops.ampkernels`` ops), or ``None`` when it is
+    not built. Raises :class:`BackendImportError` when it is built but does not load."""
     return _load_native()[0]
 
 
 def _load_triton(module: str):
-    # Exception: an ImportError, or a Triton that fails to initialise
-    return _import(module, (Exception,), lambda exc: f"triton is not usable ({type(exc).__name__}: {exc})")
+    return _import(
+        module,
+        "triton",
+        lambda exc: f"triton is not installed ({exc})",
+        lambda exc: f"{module} failed to import ({type(exc).__name__}: {exc}); triton itself is installed",
+    )
 
 
 def triton_module(op: str):
-    """The Triton launch module of ``op`` (e.g. ``ampkernels.triton.multi_tensor``), or ``None``."""
+    """The Triton launch module of ``op`` (e.g. ``ampkernels.triton.multi_tensor``), or ``None`` when Triton is not
+    installed. Raises :class:`BackendImportError` when the module fails to import for any other reason."""
     return _load_triton(_TRITON_MODULES[_check_op(op)])[0]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -108,8 +110,8 @@ def test_unrunnable_request_says_who_asked_and_why(monkeypatch):
 
 
 def test_triton_on_cpu_only_under_the_interpreter(monkeypatch):
-    if dispatch.triton_module("adam") is None:
-        pytest.skip("triton is not installed")
+    pytest.importorskip("triton")
+    assert dispatch.triton_module("adam") is not None
     monkeypatch.setattr(dispatch, "triton_interpreting", lambda: False)
     assert "TRITON_INTERPRET=1" in dispatch.why_not("adam", "triton", "cpu")
     monkeypatch.setattr(dispatch, "triton_interpreting", lambda: True)
@@ -182,6 +184,164 @@ def test_backend_choice_traces_under_torch_compile(op):
     assert compiled(torch.zeros(2)).tolist() == [float(sum(eager))] * 2
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# A missing optional dependency removes a backend; a module of ours that fails to import raises
+# --------------------------------------------------------------------------------------------------------------------
+
+# Module bodies planted as the Triton module of "adam": each fails to import for a reason other than a missing triton.
+_BROKEN_MODULES = {
+    "NameError": ("import triton\nundefined_name_in_a_kernel_module\n", NameError),
+    "SyntaxError": ("import triton\ndef f(:\n", SyntaxError),
+    "AttributeError": ("import triton\nimport ampkernels\nampkernels.no_such_attribute\n", AttributeError),
+    "ImportError": ("import triton\nfrom ampkernels.reference import no_such_function\n", ImportError),
+    "ModuleNotFoundError": ("import triton\nimport ampkernels.triton.no_such_module\n", ModuleNotFoundError),
+    "misspelt triton module": ("import triton.no_such_submodule\n", ModuleNotFoundError),
+}
+
+
+@pytest.fixture
+def plant(monkeypatch, tmp_path):
+    """plant(source): makes a fresh module holding ``source`` the Triton module of the "adam" op (dispatch's caches
+    emptied for the test) and returns its name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(dispatch, "_LOADED", {})
+    planted = []
+
+    def plant(source: str) -> str:
+        name = f"ampkernels_planted_{len(planted)}"
+        (tmp_path / f"{name}.py").write_text(source)
+        planted.append(name)
+        monkeypatch.setitem(dispatch._TRITON_MODULES, "adam", name)
+        return name
+
+    yield plant
+    for name in planted:
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("failure", list(_BROKEN_MODULES))
+def test_a_broken_triton_module_raises_instead_of_being_unavailable(plant, failure):
+    """A module of ours that does not import is a bug: why_not, select and triton_module raise (from the original
+    exception, every time they are asked), never report Triton as not installed, which would let every test of the
+    backend skip."""
+    pytest.importorskip("triton")
+    source, cause = _BROKEN_MODULES[failure]
+    name = plant(source)
+    for _ in range(2):  # not remembered as "unavailable" after the first failure
+        with pytest.raises(dispatch.BackendImportError, match=rf"{name} failed to import") as raised:
+            dispatch.why_not("adam", "triton", "cpu")
+        assert isinstance(raised.value.__cause__, cause), repr(raised.value.__cause__)
+        assert "not installed" not in str(raised.value)
+    with pytest.raises(dispatch.BackendImportError):
+        dispatch.select("adam", "cpu", "triton")
+    with pytest.raises(dispatch.BackendImportError):
+        dispatch.triton_module("adam")
+    assert dispatch.why_not("sgd", "triton", "cpu") is None  # the other modules are untouched
+
+
+def test_info_shows_a_broken_module_and_fails(plant, capsys):
+    pytest.importorskip("triton")
+    plant(_BROKEN_MODULES["NameError"][0])
+    errors = []
+    text = info.report(errors)
+    assert errors and isinstance(errors[0].__cause__, NameError)
+    line = next(line for line in text.splitlines() if line.strip().startswith("adam ("))
+    assert "BROKEN" in line and "undefined_name_in_a_kernel_module" in line, line
+    assert info.main([]) == 1
+    err = capsys.readouterr().err
+    assert "NameError: name 'undefined_name_in_a_kernel_module' is not defined" in err  # the original traceback
+    assert info.main(["--require", "torch,triton"]) == 1
+    assert "required backend 'triton' does not run here: BROKEN" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", ["import triton\n", "import triton.language as tl\n"])
+def test_a_missing_triton_is_a_clean_reason(plant, monkeypatch, source):
+    """Triton not installed (every triton module reads as absent, as on a machine without it): the backend is
+    unavailable with the reason, and asking for it by name raises that reason."""
+    for module in [m for m in sys.modules if m == "triton" or m.startswith("triton.")] or ["triton"]:
+        monkeypatch.setitem(sys.modules, module, None)
+    for module in [m for m in sys.modules if m.startswith("ampkernels.triton.")]:  # imported again, and fail
+        monkeypatch.delitem(sys.modules, module)
+    plant(source)
+    reason = dispatch.why_not("adam", "triton", "cpu")
+    assert reason is not None and reason.startswith("triton is not installed"), reason
+    assert dispatch.triton_module("adam") is None
+    with pytest.raises(RuntimeError, match="'triton' .* cannot run on cpu: triton is not installed"):
+        dispatch.select("adam", "cpu", "triton")
+    assert dispatch.select("adam", "cpu") in ("native", "torch")
+    assert "triton" in info.unavailable(["triton", "torch"])
+
+
+def test_a_stale_native_build_says_to_rebuild(monkeypatch):
+    """An extension that is there but does not load (built against another torch: an undefined symbol) raises with
+    the way out; one that is not built is only unavailable."""
+    real = importlib.import_module
+    failure = {}
+
+    def import_module(name, package=None):
+        if name == "ampkernels._C":
+            raise failure["exc"]
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    monkeypatch.setattr(dispatch, "_LOADED", {})
+    failure["exc"] = ImportError("ampkernels/_C.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev")
+    with pytest.raises(dispatch.BackendImportError, match="undefined symbol.*rebuild it") as raised:
+        dispatch.why_not("adam", "native", "cpu")
+    assert raised.value.__cause__ is failure["exc"]
+    with pytest.raises(dispatch.BackendImportError, match="rebuild"):
+        dispatch.native()
+    failure["exc"] = ModuleNotFoundError("No module named 'ampkernels._C'", name="ampkernels._C")
+    assert "ampkernels._C is not built" in dispatch.why_not("adam", "native", "cpu")
+    assert dispatch.native() is None
+    assert dispatch.select("adam", "cpu") == "torch"
+    monkeypatch.setattr(dispatch, "_LOADED", {})
+    failure["exc"] = ModuleNotFoundError("No module named 'torch._missing'", name="torch._missing")  # not ours
+    with pytest.raises(dispatch.BackendImportError):
+        dispatch.native()
+
+
+def test_require_names_each_backend_that_does_not_run_here(capsys):
+    missing = info.unavailable(["native", "triton", "torch", "wgmma", "nonsense"])
+    assert "torch" not in missing
+    assert ("native" in missing) == (dispatch.native() is None)
+    assert ("triton" in missing) == (importlib.util.find_spec("triton") is None)
+    assert ("wgmma" in missing) == (not torch.cuda.is_available() or dispatch.wgmma_op() is None), missing
+    assert "not a backend name" in missing["nonsense"]
+    assert info.main(["--require", "torch,nonsense"]) == 1
+    assert "required backend 'nonsense' does not run here" in capsys.readouterr().err
+    assert info.main(["--require", "torch"]) == 0
+
+
+def _environment_without_overrides() -> dict[str, str]:
+    """os.environ without the ampkernels variables and TRITON_INTERPRET, and with the package tested first on the
+    path (it may be a source tree that is not installed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMPKERNELS_") and k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE.parent), env.get("PYTHONPATH")]))
+    return env
+
+
+def test_require_as_ci_calls_it():
+    """``python -m ampkernels.info --require native,triton,torch`` in a fresh interpreter without TRITON_INTERPRET:
+    on a machine without a GPU it sets it (Triton runs there under the interpreter); exit status 0 exactly when the
+    extension is built and Triton installed."""
+    env = _environment_without_overrides()
+    result = subprocess.run(
+        [sys.executable, "-m", "ampkernels.info", "--require", "native,triton,torch"],
+        capture_output=True,
+        text=True,
+        cwd=PACKAGE.parent,
+        env=env,
+        timeout=300,
+    )
+    expected = {"native": dispatch.native() is not None, "triton": importlib.util.find_spec("triton") is not None}
+    for name, runs in expected.items():
+        assert (f"required backend '{name}' does not run here" not in result.stderr) == runs, result.stderr[-3000:]
+    assert result.returncode == (0 if all(expected.values()) else 1), result.stderr[-3000:]
+    if all(expected.values()):
+        assert "required backends all run here: native, triton, torch" in result.stdout
+
+
 # Run in a fresh interpreter in which the modules named in argv[1] look not installed (every finder returns None for
 # them, as on a machine without them): import, info and a CPU training step must still work.
 _WITHOUT_OPTIONAL_PIECES = r"""
@@ -224,13 +384,14 @@ try:
     ampkernels.plot_scale_history(scaler, "unused.png")
 except ImportError as error:
     print("plot:", error)
+print("require:", info.main(["--require", "torch,triton"]))
 """
 
 
 def test_import_info_and_a_step_work_without_the_optional_pieces(tmp_path):
     """The README's promise: ``import ampkernels`` and ``python -m ampkernels.info`` work whatever optional piece is
     missing (the native extension, Triton, matplotlib), and every op falls back to plain PyTorch."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMPKERNELS_") and k != "TRITON_INTERPRET"}
+    env = _environment_without_overrides()
     blocked = "ampkernels._C,triton,matplotlib"
     result = subprocess.run(
         [sys.executable, "-c", _WITHOUT_OPTIONAL_PIECES, blocked],
@@ -245,3 +406,5 @@ def test_import_info_and_a_step_work_without_the_optional_pieces(tmp_path):
     assert "triton: not installed" in out and "native extension: not available" in out
     assert "adam (FusedAdam, FusedAdamW): torch [default]" in out
     assert "plot: plot_scale_history needs matplotlib" in out
+    assert "triton: triton is not installed" in out and "require: 1" in out
+    assert "required backend 'triton' does not run here: triton is not installed" in result.stderr

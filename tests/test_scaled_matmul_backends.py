@@ -65,8 +65,8 @@ def _problem(M: int, N: int, K: int) -> tuple:
 def test_auto_times_once_per_signature_and_never_while_capturing(monkeypatch, fresh_caches):
     """'auto' with two candidates: Triton below AUTO_MIN_MACS; above it the timed winner, timed once per signature;
     inside a CUDA graph capture the untimed rule, remembered nowhere; with AMPKERNELS_TUNE=0 the untimed rule."""
-    if _triton_module() is None:
-        pytest.skip("triton is not installed")
+    pytest.importorskip("triton")
+    assert _triton_module() is not None
     timed = []
 
     def time_auto(candidates, key, args):

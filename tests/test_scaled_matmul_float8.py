@@ -406,8 +406,8 @@ def test_auto_times_once_per_signature(monkeypatch, fresh_caches):
     """Three candidates: the native two timed once per signature above AUTO_MIN_MACS (Triton only where neither
     takes the problem); below it, inside a capture and with AMPKERNELS_TUNE=0 the untimed rule (cuBLAS where it takes
     the shape); cuBLAS left out where it refuses."""
-    if dispatch.triton_module("scaled_matmul") is None:
-        pytest.skip("triton is not installed")
+    pytest.importorskip("triton")
+    assert dispatch.triton_module("scaled_matmul") is not None
     timed = []
 
     def fastest(runs, key, device):
