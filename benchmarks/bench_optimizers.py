@@ -32,9 +32,13 @@ from ampkernels import FusedAdamW, reference
 from ampkernels._constants import QUANT_MIN_NUMEL, STATE_Q4, STATE_Q8
 from benchmarks.common import (
     CPU_CACHE_NOTE,
+    check_cell,
+    check_result,
+    failure_lines,
     format_ms,
     format_table,
     free_device_memory,
+    mismatch,
     plot_grouped_bars,
     synchronize,
     time_interleaved,
@@ -194,12 +198,16 @@ def run(ctx) -> dict[str, Any]:
         base = make_params(shapes, ctx.device)
         num_params = sum(p.numel() for p in base)
         param_sets[set_name] = {"num_tensors": len(base), "num_params": num_params}
+        initial = [p.detach().clone() for p in base]  # for the exact trajectory of the check
         optimizers = {}
         for implementation in IMPLEMENTATIONS:
             optimizers[implementation] = _optimizer(implementation, _copies(base) if optimizers else base)
         timings = time_interleaved(
             {name: opt.step for name, opt in optimizers.items()}, ctx.device, ctx.repeats, ctx.target_loop_s
         )
+        checks = _check_adamw(optimizers, {name: timing.calls for name, timing in timings.items()}, initial)
+        param_sets[set_name]["trajectory_error"] = checks.pop("trajectory_error")
+        del initial
         floor_bytes = FLOOR_BYTES_PER_PARAM * num_params
         floor_ms = floor_bytes / (ctx.copy_bandwidth_gbs * 1e9) * 1e3
         stock_ms = timings[STOCK].median_wall_ms
@@ -223,12 +231,14 @@ def run(ctx) -> dict[str, Any]:
                     "pct_of_copy": 100.0 * gbs / ctx.copy_bandwidth_gbs,
                     "x_floor": wall_ms / floor_ms,
                     "speedup_over_stock": stock_ms / wall_ms,
+                    "steps": timing.calls,
+                    "check": checks.get(implementation),
                 }
             )
         del optimizers, base
         free_device_memory(ctx.device)
         ctx.progress.update(1)
-    notes = [TIMING_NOTE] + ([CPU_CACHE_NOTE] if ctx.cpu_small else [])
+    notes = [TIMING_NOTE, CHECK_NOTE] + ([CPU_CACHE_NOTE] if ctx.cpu_small else [])
     document = {"param_sets": param_sets, "notes": notes, "warnings": [], "rows": rows}
     if low_precision:
         document["low_precision"] = _low_precision(ctx)
@@ -236,6 +246,203 @@ def run(ctx) -> dict[str, Any]:
         document["training_memory"] = _training_memory(ctx)
         free_device_memory(ctx.device)
     return document
+
+
+# ---- checks of what the timed steps computed ----
+
+#: Float32 optimizers against torch's, step by step (tests/test_optimizers.py, FP32_TOL).
+FP32_TOL = dict(rtol=1e-5, atol=1e-6)
+#: Low-precision states against the reference step (tests/test_blockwise_adam.py, close() and assert_state_matches).
+BF16_TOL, FP32_BLOCKWISE_TOL = dict(rtol=2**-7, atol=1e-6), dict(rtol=1e-5, atol=1e-7)
+CODES_DIFFERING = 0.01  # at most this share of 8-bit/4-bit codes (or block exponents) one step apart on a GPU
+MOMENTS = ("exp_avg", "exp_avg_sq")
+_MAX_PROBLEMS = 3  # per check: the first few problems in full, then how many more
+CHECK_NOTE = (
+    "check, after the timed loops: (1) every state's step count equals the number of steps taken; (2) the state "
+    "each implementation reached against the exact float64 AdamW trajectory for these constant gradients (m_n = "
+    "(1 - beta1^n) g, v_n = (1 - beta2^n) g^2, each step p <- (1 - lr wd) p - lr g / (|g| + eps)), in units of the "
+    "tests' float32 tolerance (rtol 1e-5, atol 1e-6): FusedAdamW's within 1 unit, or within twice the larger of "
+    "torch's two per step times its own steps; (3) one more step of FusedAdamW and of torch AdamW(fused=True) from "
+    "FusedAdamW's state: parameters, exp_avg, exp_avg_sq and step within the tests' float32 tolerance"
+)
+LOW_PRECISION_CHECK_NOTE = (
+    "check (ampkernels rows), after the timed loops: every step count equals the steps taken, and one more step "
+    "from the state each option reached matches the reference step (FusedAdamW(backend='torch') loaded with that "
+    "state) as tests/test_blockwise_adam.py does: bit for bit on the CPU; on a GPU float32 values within rtol "
+    "1e-5, bfloat16 within rtol 2^-7, at most 1% of the 8-bit/4-bit codes and block exponents one code apart"
+)
+
+
+def _summarized(problems: list[str]) -> list[str]:
+    extra = len(problems) - _MAX_PROBLEMS
+    return problems[:_MAX_PROBLEMS] + ([f"and {extra} more"] if extra > 0 else [])
+
+
+def _param_list(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def step_count_problems(optimizer: torch.optim.Optimizer, calls: int) -> list[str]:
+    counts = {float(state["step"]) for state in optimizer.state.values() if "step" in state}
+    if len(optimizer.state) != len(_param_list(optimizer)):
+        return [f"state for {len(optimizer.state)} of {len(_param_list(optimizer))} parameters"]
+    return [] if counts == {float(calls)} else [f"step counts {sorted(counts)}, {calls} steps taken"]
+
+
+def _exact_trajectory(p0: torch.Tensor, grad: torch.Tensor, steps: int) -> dict[str, torch.Tensor]:
+    """Float64 parameter and moments after ``steps`` AdamW steps (OPTIONS, torch's default betas and eps) with the
+    same gradient every step: the moments are then (1 - beta^n) g and (1 - beta2^n) g^2, the bias-corrected update is
+    lr g / (|g| + eps) at every step, and p_n = a^n p_0 - u (1 - a^n) / (1 - a) with a = 1 - lr wd."""
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    lr, weight_decay = OPTIONS["lr"], OPTIONS["weight_decay"]
+    g = grad.double()
+    decay = 1.0 - lr * weight_decay
+    update = lr * g / (g.abs() + eps)
+    decayed = decay**steps
+    param = decayed * p0.double() - update * ((1.0 - decayed) / (1.0 - decay) if weight_decay else steps)
+    return {"param": param, "exp_avg": (1.0 - beta1**steps) * g, "exp_avg_sq": (1.0 - beta2**steps) * g * g}
+
+
+def _error_units(value: torch.Tensor, exact: torch.Tensor) -> float:
+    units = (value.detach().double() - exact).abs() / (FP32_TOL["atol"] + FP32_TOL["rtol"] * exact.abs())
+    return float(units.nan_to_num(nan=math.inf).max())
+
+
+def trajectory_error(
+    optimizer: torch.optim.Optimizer, steps: int, initial: list[torch.Tensor] | None = None
+) -> dict[str, float]:
+    """The largest error of the moments (and of the parameters, given their ``initial`` values) of an AdamW
+    optimizer after ``steps`` steps with constant gradients, against :func:`_exact_trajectory`, in units of FP32_TOL
+    (|x - exact| / (atol + rtol |exact|)); inf where anything is not finite."""
+    keys = MOMENTS if initial is None else ("param", *MOMENTS)
+    worst = dict.fromkeys(keys, 0.0)
+    params = _param_list(optimizer)
+    for i, p in enumerate(params):
+        exact = _exact_trajectory(p if initial is None else initial[i], p.grad, steps)
+        state = optimizer.state[p]
+        for key in keys:
+            worst[key] = max(worst[key], _error_units(p if key == "param" else state[key], exact[key]))
+    return worst
+
+
+def trajectory_problems(
+    ours: dict[str, float], steps: int, stock: dict[str, tuple[dict[str, float], int]]
+) -> list[str]:
+    """Where ``ours`` (a :func:`trajectory_error` after ``steps`` steps) is off: more than 1 unit and more than twice
+    the largest error per step of the ``stock`` optimizers ({label: (error, steps)}) times ``steps`` (rounding errors
+    of a float32 recursion grow at most linearly with the steps)."""
+    problems = []
+    for key, units in ours.items():
+        per_step = max(error[key] / max(1, n) for error, n in stock.values())
+        allowed = max(1.0, 2.0 * per_step * steps)
+        if not units <= allowed:
+            theirs = ", ".join(f"{label} {error[key]:.3g} after {n}" for label, (error, n) in stock.items())
+            problems.append(
+                f"{key} after {steps} steps: {units:.3g} tolerance units from the exact trajectory, at most "
+                f"{allowed:.3g} allowed ({theirs})"
+            )
+    return problems
+
+
+def _cloned_params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    """A copy of every parameter of ``optimizer``, sharing its gradient (the steps only read gradients)."""
+    clones = []
+    for p in _param_list(optimizer):
+        clone = torch.nn.Parameter(p.detach().clone())
+        clone.grad = p.grad
+        clones.append(clone)
+    return clones
+
+
+def _one_more_step_problems(
+    optimizer: torch.optim.Optimizer,
+    twin: torch.optim.Optimizer,
+    twin_params: list[torch.Tensor],
+    exact: bool,
+    fp32_tol: dict[str, float],
+) -> list[str]:
+    """Steps ``optimizer`` and ``twin`` (holding copies of its parameters and state) once each, then compares
+    parameters and state: bit for bit where ``exact``, else float32 values within ``fp32_tol``, bfloat16 ones within
+    BF16_TOL and at most CODES_DIFFERING of the uint8 codes and block exponents apart; step counts always exactly."""
+    optimizer.step()
+    twin.step()
+    problems = []
+    for i, (p, q) in enumerate(zip(_param_list(optimizer), twin_params, strict=True)):
+        theirs = twin.state[q]
+        pairs = [("param", p, q)] + [(key, value, theirs.get(key)) for key, value in optimizer.state[p].items()]
+        for key, mine, other in pairs:
+            where = f"{key} of parameter {i}"
+            if not isinstance(mine, torch.Tensor):
+                if mine != other:
+                    problems.append(f"{where}: {mine!r}, reference {other!r}")
+                continue
+            if not isinstance(other, torch.Tensor):
+                problems.append(f"{where}: missing from the reference's state")
+                continue
+            mine, other = mine.detach(), other.detach().to(mine.device)
+            if exact or key == "step":
+                if not torch.equal(mine, other):
+                    problems.append(f"{where}: not bit for bit the reference's")
+            elif mine.dtype == torch.uint8:
+                differ = float((mine != other).float().mean()) if mine.numel() else 0.0
+                if differ > CODES_DIFFERING:
+                    problems.append(f"{where}: {differ:.2%} of the codes differ from the reference's")
+            else:
+                found = mismatch(where, mine, other, **(BF16_TOL if mine.dtype == torch.bfloat16 else fp32_tol))
+                if found:
+                    problems.append(found)
+    return problems
+
+
+def _check_adamw(
+    optimizers: dict[str, torch.optim.Optimizer], calls: dict[str, int], initial: list[torch.Tensor]
+) -> dict[str, Any]:
+    """The check of the AdamW table's ampkernels row (CHECK_NOTE), and every implementation's trajectory error.
+    Takes the stock-foreach optimizer out of ``optimizers`` (freeing its memory) before the extra step."""
+    errors = {name: trajectory_error(opt, calls[name], initial) for name, opt in optimizers.items()}
+    problems = []
+    for name, opt in optimizers.items():
+        problems += [f"{IMPLEMENTATIONS[name]}: {p}" for p in step_count_problems(opt, calls[name])]
+    ours = "ampkernels"
+    stock = {IMPLEMENTATIONS[name]: (errors[name], calls[name]) for name in optimizers if name != ours}
+    problems += trajectory_problems(errors[ours], calls[ours], stock)
+    optimizers.pop("stock-foreach", None)
+    free_device_memory(initial[0].device)
+    fused = optimizers[ours]
+    twin_params = _cloned_params(fused)
+    twin = torch.optim.AdamW(twin_params, fused=True, **OPTIONS)
+    for p, q in zip(_param_list(fused), twin_params, strict=True):
+        twin.state[q] = {key: value.detach().clone() for key, value in fused.state[p].items()}
+    extra_step = _one_more_step_problems(fused, twin, twin_params, False, FP32_TOL)
+    problems += [f"one more step against torch fused: {p}" for p in extra_step]
+    del twin, twin_params
+    return {
+        ours: check_result(_summarized(problems)),
+        "trajectory_error": {name: dict(err, steps=calls[name]) for name, err in errors.items()},
+    }
+
+
+def _cloned_state_dict(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    sd = optimizer.state_dict()
+    state = {
+        key: {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in entry.items()}
+        for key, entry in sd["state"].items()
+    }
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def _check_low_precision(option: LowPrecisionOption, optimizer: torch.optim.Optimizer, calls: int) -> str | None:
+    """The check of an ampkernels row of the low-precision table (LOW_PRECISION_CHECK_NOTE); None for the others."""
+    if option.family != "ampkernels":
+        return None
+    problems = step_count_problems(optimizer, calls)
+    twin_params = _cloned_params(optimizer)
+    twin = FusedAdamW(twin_params, backend="torch", **OPTIONS, **option.kwargs)
+    twin.load_state_dict(_cloned_state_dict(optimizer))
+    on_cpu = twin_params[0].device.type == "cpu"
+    extra_step = _one_more_step_problems(optimizer, twin, twin_params, on_cpu, FP32_BLOCKWISE_TOL)
+    problems += [f"one more step against the reference: {p}" for p in extra_step]
+    return check_result(_summarized(problems))
 
 
 # ---- the low-precision table ----
@@ -406,6 +613,8 @@ def _low_precision(ctx) -> dict[str, Any]:
                 "state_bytes_per_param": measured_state / num_params,
                 "modelled_state_bytes_per_param": modelled_state / num_params,
                 "torchao_peer": option.torchao_peer,
+                "steps": timing.calls + 1,  # the first step, timed on its own, and the loop's
+                "check": _check_low_precision(option, optimizer, timing.calls + 1),
             }
         )
         ctx.progress.update(1)
@@ -422,7 +631,7 @@ def _low_precision(ctx) -> dict[str, Any]:
         "torchao": torchao_version,
         "rows": rows,
         "skipped": skipped,
-        "notes": LOW_PRECISION_NOTES,
+        "notes": [*LOW_PRECISION_NOTES, LOW_PRECISION_CHECK_NOTE],
         "warnings": warnings,
     }
 
@@ -520,19 +729,20 @@ def _low_precision_report(document: dict[str, Any], section: dict[str, Any]) -> 
     on_gpu = document["mode"] == "gpu"
     headers = ["implementation", "params", "moments", "ms", "first step ms", "B/param", "GB/s"]
     headers += ["% copy"] if on_gpu else []
-    headers += ["state B/param", "vs torch fp32", "vs torchao"]
+    headers += ["state B/param", "vs torch fp32", "vs torchao", "check"]
     table_rows = []
     for row in section["rows"]:
         cells = [row["implementation"], row["params"], row["state"], format_ms(row["wall_ms"])]
         cells += [format_ms(row["first_step_ms"]), f"{row['bytes_per_param']:.2f}", f"{row['gbs']:.1f}"]
         cells += [f"{row['pct_of_copy']:.0f}%"] if on_gpu else []
         cells += [f"{row['state_bytes_per_param']:.2f}", _ratio(row["vs_torch_fp32"]), _ratio(row["vs_torchao"])]
-        table_rows.append(cells)
+        table_rows.append([*cells, check_cell(row)])
     title = (
         f"{section['set']} ({section['num_tensors']} tensors, {section['num_params'] / 1e6:.2f}M params): AdamW step "
         "by state precision, timed interleaved"
     )
-    lines = [title, format_table(headers, table_rows, "lll" + "r" * (len(headers) - 3))]
+    lines = [title, format_table(headers, table_rows, "lll" + "r" * (len(headers) - 4) + "l")]
+    lines += failure_lines(section["rows"])
     skipped = section["skipped"]
     torchao_missing = [s for s in skipped if s["key"].startswith("torchao") and s["reason"].startswith("torchao ")]
     if torchao_missing:
@@ -583,6 +793,7 @@ def report(document: dict[str, Any]) -> str:
     on_gpu = document["mode"] == "gpu"
     headers = ["set", "implementation", "iters", "time ms"]
     headers += ["device ms", "GB/s", "% copy", "x floor", "speedup"] if on_gpu else ["GB/s", "speedup"]
+    headers.append("check")
     table_rows = []
     for row in document["rows"]:
         cells = [row["set"], row["label"], str(row["iterations"]), format_ms(row["wall_ms"])]
@@ -591,14 +802,15 @@ def report(document: dict[str, Any]) -> str:
             cells.append(f"{row['x_floor']:.2f}")
         else:
             cells.append(f"{row['gbs']:.1f}")
-        table_rows.append([*cells, f"{row['speedup_over_stock']:.2f}x"])
+        table_rows.append([*cells, f"{row['speedup_over_stock']:.2f}x", check_cell(row)])
     set_lines = [
         f"{name}: {info['num_tensors']} tensors, {info['num_params'] / 1e6:.2f}M params"
         for name, info in document["param_sets"].items()
     ]
     notes = [f"note: {note}" for note in document["notes"]]
-    align = "ll" + "r" * (len(headers) - 2)
-    parts = [format_table(headers, table_rows, align), "", *set_lines, *notes, *document["warnings"]]
+    align = "ll" + "r" * (len(headers) - 3) + "l"
+    failed = failure_lines(document["rows"])
+    parts = [format_table(headers, table_rows, align), *failed, "", *set_lines, *notes, *document["warnings"]]
     if "low_precision" in document:
         parts += ["", *_low_precision_report(document, document["low_precision"])]
     if "training_memory" in document:

@@ -53,6 +53,7 @@ class LoopTiming:
     iterations: int
     wall_ms: list[float] = field(default_factory=list)
     device_ms: list[float] = field(default_factory=list)  # CUDA events around the same loop; empty on the CPU
+    calls: int = 0  # every call of the variant, warm-up included: what a check after the loop expects to find
 
     @property
     def median_wall_ms(self) -> float:
@@ -113,7 +114,8 @@ def time_interleaved(
         for _ in range(warmup_iterations):
             fn()
         one_call_ms, _ = _time_loop(fn, 1, device)
-        timings[key] = LoopTiming(iterations=max(1, math.ceil(target_loop_s * 1e3 / one_call_ms)))
+        iterations = max(1, math.ceil(target_loop_s * 1e3 / one_call_ms))
+        timings[key] = LoopTiming(iterations=iterations, calls=warmup_iterations + 1 + repeats * iterations)
     for _ in range(repeats):
         for key, fn in variants.items():
             wall_ms, device_ms = _time_loop(fn, timings[key].iterations, device)
@@ -227,6 +229,76 @@ def format_table(headers: list[str], rows: list[list[str]], align: str) -> str:
         return "  ".join(padded).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)])
+
+
+# ---- checks of what was timed ----
+# Every module compares what it timed with stock's (or the reference's) after its timed loops and puts the result in
+# the row's ``check`` field: "ok", "FAILED: <what differs>", or None where the row is itself the yardstick. The
+# runner exits non-zero when any check failed (``check_failures``).
+
+CHECK_OK = "ok"
+FAILED = "FAILED"
+
+
+def check_result(problems: list[str]) -> str:
+    """A row's ``check`` field: "ok", or "FAILED: " and every problem found."""
+    return CHECK_OK if not problems else f"{FAILED}: " + "; ".join(problems)
+
+
+def mismatch(name: str, actual: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float) -> str | None:
+    """None when every element of ``actual`` is within ``atol + rtol * |expected|`` of ``expected`` (the rule of
+    ``torch.testing.assert_close``; NaN matches NaN only), else one line naming ``name``, how many elements differ
+    and the worst one."""
+    if actual.shape != expected.shape:
+        return f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    a = actual.detach().double()
+    e = expected.detach().to(a.device).double()
+    close = torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    bad = int((~close).sum())
+    if bad == 0:
+        return None
+    error = (a - e).abs().nan_to_num(nan=math.inf).masked_fill(close, 0.0).flatten()
+    worst = int(error.argmax())
+    return (
+        f"{name}: {bad} of {a.numel()} elements beyond rtol {rtol:g}, atol {atol:g} (worst at flat index {worst}: "
+        f"{a.flatten()[worst].item():.9g}, expected {e.flatten()[worst].item():.9g})"
+    )
+
+
+def row_name(row: dict[str, Any]) -> str:
+    """The fields that say which row of a table ``row`` is, joined."""
+    keys = ("set", "model", "dtype", "shape", "case", "op", "pass", "label", "scaling")
+    return " / ".join(str(row[key]) for key in keys if row.get(key) not in (None, "")) or "(row)"
+
+
+def check_failures(document: Any) -> list[str]:
+    """One line per failed check anywhere in ``document`` (a module's results), naming its row."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            check = node.get("check")
+            if isinstance(check, str) and check.startswith(FAILED):
+                found.append(f"{row_name(node)}: {check}")
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(document)
+    return found
+
+
+def check_cell(row: dict[str, Any]) -> str:
+    """The table cell of a row's check: "ok", "FAILED", or "-" (not checked: the yardstick itself)."""
+    check = row.get("check")
+    return "-" if check is None else FAILED if check.startswith(FAILED) else check
+
+
+def failure_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The lines printed under a table for each of its rows whose check failed, in full."""
+    return [f"{row_name(row)}: {row['check']}" for row in rows if check_cell(row) == FAILED]
 
 
 def load_pyplot(path: Path) -> Any:
