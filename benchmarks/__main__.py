@@ -43,10 +43,11 @@ BENCHMARK_MODULES = (
     "bench_scaled_matmul",
     "bench_precision",
     "bench_float8",
+    "bench_models",
 )
 # NOTE: the default run took 100-109 s on the H200 (two runs; README.md); bench_precision takes ~1 min more and
 # runs with --only precision or --full.
-DEFAULT_MODULES = ("bench_grad_scaler", "bench_optimizers", "bench_training", "bench_scaled_matmul")
+DEFAULT_MODULES = ("bench_grad_scaler", "bench_optimizers", "bench_training", "bench_scaled_matmul", "bench_models")
 # Two regimes: bandwidth-bound (BERT-base, 202 tensors) and per-tensor host work (10,000 small tensors). GPT-2-medium
 # and Llama-1B are bandwidth-bound too (post-backward phase 1.8x against BERT-base's 2.1x on the H200) and take most
 # of the complete sweep's time.
@@ -108,6 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help=f"folder for the JSON and PNG files (default: ./{DEFAULT_OUT})"
     )
+    parser.add_argument("--models", help="comma-separated models of the model zoo (default: a subset; all with --full)")
     parser.add_argument("--no-plot", action="store_true", help="save no PNG")
     parser.add_argument(
         "--device",
@@ -181,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress,
                 full=args.full,
                 only=args.only,
+                models=args.models.split(",") if args.models else None,
             )
             results = module.run(ctx)
         document = {

@@ -40,6 +40,7 @@ class RunContext:
     progress: Any  # a tqdm bar: the module sets its total and advances it
     full: bool = False  # the complete sweep (--full) rather than the default subset
     only: str | None = None  # the module --only named, if any
+    models: list[str] | None = None  # the models --models named (the model zoo), if any
 
     @property
     def cpu_small(self) -> bool:

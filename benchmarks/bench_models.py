@@ -1,0 +1,577 @@
+"""The model zoo: whole training steps of real models, stock PyTorch against ampkernels, measured in the same run.
+
+Models (built from their configs with random weights, no downloads; the same seed and batches for every recipe):
+
+- ``bert-base``: ``transformers.BertForMaskedLM(BertConfig())``, batch 32 x seq 512, masked-LM loss on 15% of tokens;
+- ``gpt2``: ``transformers.GPT2LMHeadModel(GPT2Config())`` (124M), batch 8 x seq 1024, causal-LM loss;
+- ``llama-1b``: ``transformers.LlamaForCausalLM`` of 1.1B parameters (width 2048, 22 layers, 32 heads, 4 key/value
+  heads, ffn 5632, vocab 32000), batch 4 x seq 2048;
+- ``t5-small``: ``transformers.T5ForConditionalGeneration(T5Config())``, batch 32, 512 source and 128 target tokens;
+- ``resnet-50`` and ``resnet-50-cl``: ``torchvision.models.resnet50()`` at batch 64 x 224^2, NCHW and channels_last;
+- ``vit-b16``: ``torchvision.models.vit_b_16()``, batch 64 x 224^2;
+- ``convnext-t``: ``timm.create_model("convnext_tiny")``, batch 64 x 224^2, channels_last.
+
+A step: zero_grad, forward under autocast, backward, clip to max_norm 1.0, AdamW (lr 1e-4), scale update. Recipes:
+
+- ``fp16-stock``: ``torch.amp.GradScaler`` + ``unscale_`` + ``torch.nn.utils.clip_grad_norm_`` + torch
+  ``AdamW(fused=True)`` (the recipe of PyTorch's AMP documentation, with its fastest optimizer);
+- ``fp16-ampkernels``: ``FusedGradScaler.clip_grad_norm_`` + ``FusedAdamW``;
+- ``fp16-stock-graphed`` / ``fp16-ampkernels-graphed``: the same steps captured whole with ``capture_step`` (stock
+  with ``AdamW(fused=True, capturable=True)``);
+- ``bf16-stock`` / ``bf16-ampkernels``: bf16 autocast, no scaler;
+- ``fp8-ampkernels`` (transformer models): ``convert_to_float8(model, "tensorwise")`` + bf16 autocast +
+  ``FusedAdamW``, against ``bf16-stock``;
+- ``bf16-ampkernels-8bit`` (``llama-1b``): ``FusedAdamW`` with 8-bit moments, against ``bf16-stock``.
+
+Method: the two recipes compared with each other (stock and ampkernels of one precision, eager or graphed) live side
+by side and are timed alternately, repeat by repeat, so that clock and host drift fall on both alike. Every recipe of
+a model runs the same steps on the same batches (3 warm-up steps, then ``repeats x iterations`` timed ones), so the
+loss after the timed steps is comparable: each row's loss is checked against its stock recipe's (``LOSS_RTOL``; FP8
+against bf16 with the FP8 training tests' 1%). Time: median over repeats of the wall time per step (host work
+included); peak memory: ``torch.cuda.max_memory_allocated`` over the recipe's warm-up, above what was allocated
+before the recipe was built.
+
+The default run (``python -m benchmarks`` or ``--only models``) times ``DEFAULT_MODELS`` with the fp16 recipes;
+``--full`` every model and recipe, ``--models a,b`` every recipe of the models named. On a CPU-only machine: tiny
+configs of the same models and the bf16 recipes (FP8 and 8-bit state too with ``--full``), a smoke run, not a
+measurement. A model whose package is not
+installed is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+import ampkernels
+from ampkernels import FusedGradScaler, capture_step
+from benchmarks.common import RunContext, format_table, free_device_memory, plot_grouped_bars, synchronize
+
+NAME = "models"
+
+MAX_NORM, LR = 1.0, 1e-4
+WARMUP_STEPS = 3
+# Loss after the same timed steps, ampkernels against its stock recipe: the step's math is stock's (unscale by a
+# power of two, torch's AdamW arithmetic), but cuDNN/cuBLAS backward kernels accumulate in a run-dependent order.
+LOSS_RTOL, LOSS_ATOL = 1e-2, 1e-3  # losses are O(1) nats; the absolute term serves a loss driven near zero
+FLOAT8_LOSS_RTOL = 0.01  # tests/test_float8_training.py: each FP8 recipe within 1% of bf16
+# NOTE: loops of >= 0.2 s per repeat keep a step's run-to-run spread near 1% on the H200 (eager steps of 20-150 ms).
+MIN_LOOP_S_GPU, MIN_ITERATIONS = 0.2, 3
+
+DEFAULT_MODELS = ("resnet-50", "gpt2")
+DEFAULT_RECIPES = ("fp16-stock", "fp16-ampkernels", "fp16-stock-graphed", "fp16-ampkernels-graphed")
+# --models NAMES (or --full) runs every recipe of the models named.
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    library: str  # "stock" or "ampkernels"
+    autocast: torch.dtype
+    graphed: bool = False
+    float8: bool = False
+    moments: str | None = None  # FusedAdamW's exp_avg_dtype / exp_avg_sq_dtype
+    baseline: str | None = None  # the stock recipe its ratio and loss are taken against
+
+    @property
+    def stock(self) -> bool:
+        return self.library == "stock"
+
+
+RECIPES = (
+    Recipe("fp16-stock", "stock", torch.float16),
+    Recipe("fp16-ampkernels", "ampkernels", torch.float16, baseline="fp16-stock"),
+    Recipe("fp16-stock-graphed", "stock", torch.float16, graphed=True),
+    Recipe("fp16-ampkernels-graphed", "ampkernels", torch.float16, graphed=True, baseline="fp16-stock-graphed"),
+    Recipe("bf16-stock", "stock", torch.bfloat16),
+    Recipe("bf16-ampkernels", "ampkernels", torch.bfloat16, baseline="bf16-stock"),
+    Recipe("fp8-ampkernels", "ampkernels", torch.bfloat16, float8=True, baseline="bf16-stock"),
+    Recipe("bf16-ampkernels-8bit", "ampkernels", torch.bfloat16, moments="8bit", baseline="bf16-stock"),
+)
+BY_NAME = {recipe.name: recipe for recipe in RECIPES}
+CPU_RECIPES = ("bf16-stock", "bf16-ampkernels")
+CPU_FULL_RECIPES = CPU_RECIPES + ("fp8-ampkernels", "bf16-ampkernels-8bit")
+# The recipes timed side by side (alternating repeats); the others are timed alone and compared with their baseline.
+PAIRS = (("fp16-stock", "fp16-ampkernels"), ("fp16-stock-graphed", "fp16-ampkernels-graphed"))
+PAIRS += (("bf16-stock", "bf16-ampkernels"),)
+
+
+# ---- models ----
+
+
+@dataclass
+class Model:
+    module: torch.nn.Module
+    batch_of: Callable[[int], tuple[torch.Tensor, ...]]  # batch i, on the CPU
+    loss_fn: Callable[..., torch.Tensor]
+    description: str
+    unit: str  # "tokens" or "images"
+    per_batch: int  # tokens or images per batch
+    huggingface: bool
+    channels_last: bool = False
+
+
+def _tokens(vocab: int, batch: int, seq: int, i: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(i))
+
+
+def _bert(small: bool) -> Model:
+    import transformers
+
+    if small:
+        config = transformers.BertConfig(
+            vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+        )
+        batch, seq = 2, 32
+    else:
+        config, batch, seq = transformers.BertConfig(), 32, 512
+
+    def batch_of(i: int):
+        ids = _tokens(config.vocab_size, batch, seq, i)
+        masked = torch.rand(batch, seq, generator=torch.Generator().manual_seed(10_000 + i)) < 0.15
+        return ids, torch.where(masked, ids, torch.full_like(ids, -100))
+
+    def loss_fn(model, ids, labels):
+        return model(input_ids=ids, labels=labels).loss
+
+    module = transformers.BertForMaskedLM(config)
+    return Model(module, batch_of, loss_fn, f"BertForMaskedLM, batch {batch} x {seq}", "tokens", batch * seq, True)
+
+
+def _causal_lm(module, vocab: int, batch: int, seq: int, what: str) -> Model:
+    def batch_of(i: int):
+        return (_tokens(vocab, batch, seq, i),)
+
+    def loss_fn(model, ids):
+        return model(input_ids=ids, labels=ids).loss
+
+    return Model(module, batch_of, loss_fn, f"{what}, batch {batch} x {seq}", "tokens", batch * seq, True)
+
+
+def _gpt2(small: bool) -> Model:
+    import transformers
+
+    if small:
+        config = transformers.GPT2Config(vocab_size=512, n_positions=64, n_embd=64, n_layer=2, n_head=2)
+        batch, seq = 2, 32
+    else:
+        config, batch, seq = transformers.GPT2Config(), 8, 1024
+    return _causal_lm(transformers.GPT2LMHeadModel(config), config.vocab_size, batch, seq, "GPT2LMHeadModel")
+
+
+def _llama(small: bool) -> Model:
+    import transformers
+
+    if small:
+        sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+        config = transformers.LlamaConfig(vocab_size=512, num_key_value_heads=2, **sizes)
+        batch, seq = 2, 32
+    else:
+        sizes = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32)
+        config = transformers.LlamaConfig(vocab_size=32000, num_key_value_heads=4, **sizes)
+        batch, seq = 4, 2048
+    what = f"LlamaForCausalLM ({config.num_hidden_layers} layers, {config.hidden_size} wide)"
+    return _causal_lm(transformers.LlamaForCausalLM(config), config.vocab_size, batch, seq, what)
+
+
+def _t5(small: bool) -> Model:
+    import transformers
+
+    if small:
+        sizes = dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+        batch, source, target = 2, 32, 16
+    else:
+        sizes, batch, source, target = {}, 32, 512, 128
+    # T5 starts decoding from the pad token (transformers 5.25's T5Config no longer sets it).
+    config = transformers.T5Config(decoder_start_token_id=0, **sizes)
+
+    def batch_of(i: int):
+        return _tokens(config.vocab_size, batch, source, i), _tokens(config.vocab_size, batch, target, 10_000 + i)
+
+    def loss_fn(model, ids, labels):
+        return model(input_ids=ids, labels=labels).loss
+
+    module = transformers.T5ForConditionalGeneration(config)
+    what = f"T5ForConditionalGeneration, batch {batch}, {source} -> {target} tokens"
+    return Model(module, batch_of, loss_fn, what, "tokens", batch * (source + target), True)
+
+
+def _vision(module, batch: int, size: int, classes: int, what: str, channels_last: bool) -> Model:
+    def batch_of(i: int):
+        gen = torch.Generator().manual_seed(i)
+        return torch.randn(batch, 3, size, size, generator=gen), torch.randint(0, classes, (batch,), generator=gen)
+
+    def loss_fn(model, images, labels):
+        return F.cross_entropy(model(images).float(), labels)
+
+    layout = "channels_last" if channels_last else "NCHW"
+    description = f"{what}, batch {batch} x {size}^2, {layout}"
+    return Model(module, batch_of, loss_fn, description, "images", batch, False, channels_last)
+
+
+def _resnet(small: bool, channels_last: bool) -> Model:
+    import torchvision
+
+    if small:  # NOTE: bfloat16 convolutions are slow on CPU (~1 s per ResNet-18 step at 32^2): one block a stage
+        module = torchvision.models.resnet.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
+        return _vision(module, 2, 16, 10, "ResNet-10", channels_last)
+    return _vision(torchvision.models.resnet50(), 64, 224, 1000, "ResNet-50", channels_last)
+
+
+def _vit(small: bool) -> Model:
+    import torchvision
+
+    if small:
+        module = torchvision.models.VisionTransformer(32, 8, 2, 2, 64, 128, num_classes=10)
+        return _vision(module, 4, 32, 10, "ViT (2 layers, 64 wide)", False)
+    return _vision(torchvision.models.vit_b_16(), 64, 224, 1000, "ViT-B/16", False)
+
+
+def _convnext(small: bool) -> Model:
+    import timm
+
+    if small:
+        module = timm.create_model("convnext_atto", num_classes=10)
+        return _vision(module, 4, 32, 10, "ConvNeXt-atto (timm)", True)
+    return _vision(timm.create_model("convnext_tiny"), 64, 224, 1000, "ConvNeXt-T (timm)", True)
+
+
+#: name -> (builder(small) -> Model, the package it needs)
+MODELS: dict[str, tuple[Callable[[bool], Model], str]] = {
+    "bert-base": (_bert, "transformers"),
+    "gpt2": (_gpt2, "transformers"),
+    "llama-1b": (_llama, "transformers"),
+    "t5-small": (_t5, "transformers"),
+    "resnet-50": (lambda small: _resnet(small, False), "torchvision"),
+    "resnet-50-cl": (lambda small: _resnet(small, True), "torchvision"),
+    "vit-b16": (_vit, "torchvision"),
+    "convnext-t": (_convnext, "timm"),
+}
+TRANSFORMERS = ("bert-base", "gpt2", "llama-1b", "t5-small")
+
+
+def _why_not(name: str) -> str | None:
+    package = MODELS[name][1]
+    try:
+        __import__(package)
+    except ImportError:
+        return f"{package} is not installed (pip install {package})"
+    return None
+
+
+def _recipes_of(name: str, ctx: RunContext) -> list[Recipe]:
+    if ctx.cpu_small:
+        names = CPU_FULL_RECIPES if ctx.full else CPU_RECIPES
+    else:
+        names = [r.name for r in RECIPES] if ctx.full or ctx.models else DEFAULT_RECIPES
+    recipes = [BY_NAME[n] for n in names]
+    recipes = [r for r in recipes if not r.float8 or name in TRANSFORMERS]
+    return [r for r in recipes if r.moments is None or name == "llama-1b"]
+
+
+def _models(ctx: RunContext) -> list[str]:
+    if ctx.models:
+        unknown = [name for name in ctx.models if name not in MODELS]
+        if unknown:
+            raise ValueError(f"--models: unknown {unknown}; the zoo has {', '.join(MODELS)}")
+        return list(ctx.models)
+    return list(MODELS) if ctx.full else list(DEFAULT_MODELS)
+
+
+# ---- steps ----
+
+
+def _make_step(recipe: Recipe, model: Model, device: torch.device) -> Callable[..., torch.Tensor]:
+    module = model.module
+    if recipe.float8:
+        from ampkernels.float8 import convert_to_float8
+
+        convert_to_float8(module, "tensorwise", min_features=0 if device.type == "cpu" else None)
+    params = [p for p in module.parameters() if p.requires_grad]
+    if recipe.stock:
+        optimizer = torch.optim.AdamW(params, lr=LR, fused=True, capturable=recipe.graphed)
+    else:
+        moments = dict(exp_avg_dtype=recipe.moments, exp_avg_sq_dtype=recipe.moments) if recipe.moments else {}
+        optimizer = ampkernels.FusedAdamW(params, lr=LR, **moments)
+    scaler = None
+    if recipe.autocast == torch.float16:
+        scaler = torch.amp.GradScaler(device.type) if recipe.stock else FusedGradScaler(device.type)
+
+    def step(*batch: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=recipe.autocast):
+            loss = model.loss_fn(module, *batch)
+        if scaler is None:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
+            optimizer.step()
+        elif recipe.stock:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            scaler.scale(loss).backward()
+            scaler.clip_grad_norm_(optimizer, MAX_NORM)
+            scaler.step(optimizer)
+            scaler.update()
+        return loss.detach()
+
+    return step
+
+
+@dataclass
+class _Live:
+    """One recipe built and warmed up, ready to time."""
+
+    recipe: Recipe
+    model: Model
+    step: Callable[..., torch.Tensor]
+    batches: list[tuple[torch.Tensor, ...]]
+    peak_gib: float | None
+    per_repeat: list[float]
+    loss: torch.Tensor | None = None
+
+
+def _build(name: str, recipe: Recipe, ctx: RunContext) -> _Live:
+    cuda = ctx.device.type == "cuda"
+    before = torch.cuda.memory_allocated(ctx.device) if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    torch.manual_seed(0)
+    with ctx.device:
+        model = MODELS[name][0](ctx.cpu_small)
+    module = model.module.train()
+    if model.channels_last:
+        model.module = module.to(memory_format=torch.channels_last)
+    batches = []
+    for i in range(4):
+        batch = [t.to(ctx.device) for t in model.batch_of(i)]
+        if model.channels_last:
+            batch[0] = batch[0].contiguous(memory_format=torch.channels_last)
+        batches.append(tuple(batch))
+    step = _make_step(recipe, model, ctx.device)
+    if recipe.graphed:
+        # Capture leaves model, optimizer and scaler as they were: the warm-up replays below are the first steps.
+        step = capture_step(step, *batches[0], transformers_mask_skip=model.huggingface)
+    for _ in range(WARMUP_STEPS):
+        step(*batches[0])
+    synchronize(ctx.device)
+    peak = (torch.cuda.max_memory_allocated(ctx.device) - before) / 2**30 if cuda else None
+    return _Live(recipe, model, step, batches, peak, [])
+
+
+def _run_loop(live: _Live, iterations: int, device: torch.device) -> None:
+    synchronize(device)
+    start = time.perf_counter()
+    for i in range(iterations):
+        live.loss = live.step(*live.batches[i % len(live.batches)])
+    synchronize(device)
+    live.per_repeat.append((time.perf_counter() - start) * 1e3 / iterations)
+
+
+def _iterations(live: _Live, ctx: RunContext) -> int:
+    synchronize(ctx.device)
+    start = time.perf_counter()
+    live.step(*live.batches[1])
+    synchronize(ctx.device)
+    one_s = time.perf_counter() - start
+    if ctx.cpu_small:
+        return 1
+    return max(MIN_ITERATIONS, math.ceil(max(MIN_LOOP_S_GPU, ctx.target_loop_s) / one_s))
+
+
+def _row(name: str, live: _Live) -> dict[str, Any]:
+    step_ms = statistics.median(live.per_repeat)
+    loss = float(live.loss)
+    return {
+        "model": name,
+        "description": live.model.description,
+        "recipe": live.recipe.name,
+        "step_ms": step_ms,
+        "step_ms_per_repeat": live.per_repeat,
+        "per_second": live.model.per_batch / step_ms * 1e3,
+        "unit": live.model.unit,
+        "peak_memory_gib": None if live.peak_gib is None else round(live.peak_gib, 2),
+        "final_loss": loss,
+    }
+
+
+def _time_group(name: str, recipes: list[Recipe], ctx: RunContext, iterations: int | None) -> tuple[list, int]:
+    """Builds ``recipes`` side by side, times them alternately; the rows and the iteration count used."""
+    lives = []
+    try:
+        for recipe in recipes:
+            lives.append(_build(name, recipe, ctx))
+        if iterations is None:
+            iterations = _iterations(lives[0], ctx)
+            for live in lives[1:]:
+                live.step(*live.batches[1])  # the same step count for every recipe of the model
+        else:
+            for live in lives:
+                live.step(*live.batches[1])
+        for _ in range(ctx.repeats):
+            for live in lives:
+                _run_loop(live, iterations, ctx.device)
+        return [_row(name, live) for live in lives], iterations
+    finally:
+        del lives
+        free_device_memory(ctx.device)
+
+
+def _groups(recipes: list[Recipe]) -> list[list[Recipe]]:
+    names = [r.name for r in recipes]
+    groups, done = [], set()
+    for pair in PAIRS:
+        if all(n in names for n in pair):
+            groups.append([BY_NAME[n] for n in pair])
+            done.update(pair)
+    groups += [[r] for r in recipes if r.name not in done]
+    # Eager groups first: a device-side assert inside a graph would lose the CUDA context for what follows.
+    return sorted(groups, key=lambda group: group[0].graphed)
+
+
+def _check(row: dict[str, Any], baseline: dict[str, Any] | None, recipe: Recipe) -> None:
+    """Adds the ratio to the baseline and the loss check to ``row``."""
+    if not math.isfinite(row["final_loss"]):
+        row["check"] = f"FAILED: loss {row['final_loss']}"
+        return
+    if baseline is None or "error" in baseline:
+        return
+    row["speedup_over_stock"] = baseline["step_ms"] / row["step_ms"]
+    rtol = FLOAT8_LOSS_RTOL if recipe.float8 else LOSS_RTOL
+    difference = abs(row["final_loss"] - baseline["final_loss"])
+    row["loss_rel_diff"] = difference / abs(baseline["final_loss"])
+    ok = difference <= rtol * abs(baseline["final_loss"]) + LOSS_ATOL
+    row["check"] = "ok" if ok else f"FAILED: loss {row['loss_rel_diff']:.2e} from {baseline['recipe']}'s"
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    names = _models(ctx)
+    skipped = {name: why for name in names if (why := _why_not(name)) is not None}
+    names = [name for name in names if name not in skipped]
+    jobs = [(name, group) for name in names for group in _groups(_recipes_of(name, ctx))]
+    ctx.progress.reset(total=len(jobs))
+    rows, iterations, lost_context = [], {}, None
+    for name, group in jobs:
+        ctx.progress.set_postfix_str(f"{name}: {'/'.join(r.name for r in group)}")
+        if lost_context is not None:
+            new = [
+                {"model": name, "recipe": r.name, "error": f"not run: CUDA context lost in {lost_context}"}
+                for r in group
+            ]
+        else:
+            try:
+                new, iterations[name] = _time_group(name, group, ctx, iterations.get(name))
+            except Exception as exc:  # a recipe that fails (capture, memory) is reported, not fatal to the others
+                error = f"{type(exc).__name__}: {exc}"[:500]
+                new = [{"model": name, "recipe": r.name, "error": error} for r in group]
+                if "device-side assert" in str(exc) or "illegal memory access" in str(exc):
+                    lost_context = f"{name} {group[0].name}"
+        rows += new
+        ctx.progress.update()
+    order = {r.name: i for i, r in enumerate(RECIPES)}
+    rows.sort(key=lambda row: (names.index(row["model"]), order[row["recipe"]]))
+    for row in rows:
+        recipe = BY_NAME[row["recipe"]]
+        if "error" in row:
+            continue
+        baseline = next((r for r in rows if r["model"] == row["model"] and r["recipe"] == recipe.baseline), None)
+        _check(row, baseline, recipe)
+    return {
+        "rows": rows,
+        "skipped": skipped,
+        "iterations": iterations,
+        "loss_rtol": LOSS_RTOL,
+        "notes": [
+            "step time: median over repeats of the wall time per step, host work included; each ampkernels recipe "
+            "timed alternately with its stock recipe",
+            "loss: after the same warm-up and timed steps on the same batches; checked against the stock recipe's",
+            *(
+                ["smoke run of tiny models: every recipe runs, the times say nothing about a GPU"]
+                if ctx.cpu_small
+                else ["peak memory: max_memory_allocated during the recipe's warm-up, above what was allocated before"]
+            ),
+        ],
+    }
+
+
+def failures(document: dict[str, Any]) -> list[str]:
+    """The rows whose check failed, as lines."""
+    return [f"{r['model']} {r['recipe']}: {r['check']}" for r in document["rows"] if r.get("check", "").startswith("F")]
+
+
+def report(document: dict[str, Any]) -> str:
+    headers = ["model", "recipe", "ms/step", "x stock", "per s", "peak GiB", "loss", "check"]
+    table = []
+    for row in document["rows"]:
+        if "error" in row:
+            table.append([row["model"], row["recipe"], "error", row["error"][:60], "", "", "", ""])
+            continue
+        ratio = row.get("speedup_over_stock")
+        peak = row["peak_memory_gib"]
+        table.append(
+            [
+                row["model"],
+                row["recipe"],
+                f"{row['step_ms']:.2f}",
+                "-" if ratio is None else f"{ratio:.3f}x",
+                f"{row['per_second']:,.0f} {row['unit'][:3]}",
+                "-" if peak is None else f"{peak:.2f}",
+                f"{row['final_loss']:.4f}",
+                row.get("check", "-"),
+            ]
+        )
+    lines = [format_table(headers, table, "llrrrrrl"), ""]
+    descriptions = {row["model"]: row["description"] for row in document["rows"] if "description" in row}
+    lines += [f"{name}: {description}" for name, description in descriptions.items()]
+    lines += [f"skipped {name}: {why}" for name, why in document["skipped"].items()]
+    lines += [f"note: {note}" for note in document["notes"]]
+    return "\n".join(lines)
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def summary(document: dict[str, Any]) -> list[str]:
+    lines = []
+    for recipe in ("fp16-ampkernels", "fp16-ampkernels-graphed", "bf16-ampkernels", "fp8-ampkernels"):
+        rows = [r for r in document["rows"] if r["recipe"] == recipe and "speedup_over_stock" in r]
+        if not rows:
+            continue
+        parts = ", ".join(f"{r['model']} {r['speedup_over_stock']:.2f}x" for r in rows)
+        baseline = BY_NAME[recipe].baseline
+        geomean = _geomean([r["speedup_over_stock"] for r in rows])
+        lines.append(f"{recipe} against {baseline}: geomean {geomean:.3f}x ({parts})")
+    lines += [f"CHECK FAILED {line}" for line in failures(document)]
+    lines += [f"skipped {name}: {why}" for name, why in document["skipped"].items()]
+    return lines
+
+
+def plot(document: dict[str, Any], path: Path, title: str) -> bool:
+    """One panel per model: ms per step by recipe."""
+    panels = {}
+    for name in dict.fromkeys(row["model"] for row in document["rows"]):
+        rows = [r for r in document["rows"] if r["model"] == name and "error" not in r]
+        if not rows:
+            continue
+        groups = [r["recipe"].replace("-", "\n", 1) for r in rows]
+        panels[f"{name}: {rows[0]['description']}"] = (groups, {"ms per step": [r["step_ms"] for r in rows]})
+    if not panels:
+        return False
+    with contextlib.suppress(TypeError):
+        return plot_grouped_bars(
+            path, title, panels, "ms per step", log_scale=False, max_columns=2, panel_width=8, tick_fontsize=7
+        )
+    return False
