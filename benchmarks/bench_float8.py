@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,17 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from benchmarks.common import RunContext, format_ms, format_table, free_device_memory, plot_grouped_bars, synchronize
+from benchmarks.common import (
+    RunContext,
+    check_cell,
+    check_result,
+    failure_lines,
+    format_ms,
+    format_table,
+    free_device_memory,
+    plot_grouped_bars,
+    synchronize,
+)
 
 NAME = "float8"
 
@@ -124,7 +135,9 @@ def _build_stack_step(variant: dict, ctx: RunContext, config: dict, batch: tuple
     with torch.device(ctx.device):  # built where it trains: 0.7 B parameters initialized on the CPU took ~10 s
         model = LlamaStack(**config, fused=not variant["stock"])
     if variant["fp8"] is not None:
-        convert_to_float8(model, variant["fp8"])
+        # On the CPU every Linear of the tiny stack is below convert_to_float8's size rule: min_features=0 converts
+        # them all anyway, so that the smoke run takes the FP8 path (and its loss check means something).
+        convert_to_float8(model, variant["fp8"], min_features=None if ctx.device.type == "cuda" else 0)
     if variant["torchao"] is not None:
         convert = _torchao_convert()
         if convert is None:
@@ -157,7 +170,7 @@ def _build_stack_step(variant: dict, ctx: RunContext, config: dict, batch: tuple
 
 
 def _time_stack_variant(variant: dict, ctx: RunContext, config: dict, batch) -> dict[str, Any]:
-    row = {k: variant[k] for k in ("key", "label")}
+    row = {k: variant[k] for k in ("key", "label", "stock")}
     free_device_memory(ctx.device)
     on_gpu = ctx.device.type == "cuda"
     if on_gpu:
@@ -175,7 +188,9 @@ def _time_stack_variant(variant: dict, ctx: RunContext, config: dict, batch) -> 
         step(*inputs)
     steps = STACK_STEPS if on_gpu else CPU_STACK_STEPS
     per_step = []
-    losses = [float(first_loss)]
+    # The loss of the first step and of the last of each timed loop, with its step number: every variant trains the
+    # same initial weights on the same batch for the same steps, so these are comparable across variants.
+    losses, loss_steps = [float(first_loss)], [1]
     for _ in range(ctx.repeats):
         synchronize(ctx.device)
         t0 = time.perf_counter()
@@ -184,14 +199,46 @@ def _time_stack_variant(variant: dict, ctx: RunContext, config: dict, batch) -> 
         synchronize(ctx.device)
         per_step.append((time.perf_counter() - t0) * 1e3 / steps)
         losses.append(float(loss))
+        loss_steps.append(loss_steps[-1] + (2 if len(loss_steps) == 1 else 0) + steps)
     row["ms"] = statistics.median(per_step)
     row["ms_all"] = per_step
+    row["losses"], row["loss_steps"] = losses, loss_steps
     row["losses_finite"] = all(math.isfinite(x) for x in losses)
     row["peak_gib"] = round(torch.cuda.max_memory_allocated(ctx.device) / 2**30, 2) if on_gpu else None
     row["params"] = sum(p.numel() for p in model.parameters())
     del step, model, inputs
     free_device_memory(ctx.device)
     return row
+
+
+#: tests/test_float8_training.py TOLERANCE: every FP8 recipe's loss within 1% of bf16's.
+LOSS_TOLERANCE = 0.01
+LOSS_CHECK_NOTE = (
+    "check, after the timed steps (ampkernels rows): the loss of the first step and of the last step of every timed "
+    "loop within 1% of stock bf16 eager's at the same step (all variants train the same initial weights on the same "
+    "batch), as tests/test_float8_training.py requires of every FP8 recipe; the other rows' largest gap is recorded"
+)
+
+
+def _check_losses(row: dict[str, Any], base: dict[str, Any]) -> None:
+    """Sets ``row``'s largest relative loss gap to ``base`` (stock bf16 eager) and, for ampkernels rows, its check."""
+    if row is base:
+        row["check"] = None
+        return
+    problems = []
+    if row["loss_steps"] != base["loss_steps"]:
+        problems.append(f"losses at steps {row['loss_steps']}, stock bf16's at {base['loss_steps']}")
+        gaps = [math.inf]
+    else:
+        gaps = [abs(x - b) / abs(b) if math.isfinite(x) else math.inf for x, b in zip(row["losses"], base["losses"])]
+    worst = max(range(len(gaps)), key=gaps.__getitem__)
+    row["max_loss_gap_vs_bf16_eager"] = gaps[worst]
+    if not gaps[worst] <= LOSS_TOLERANCE and not problems:
+        problems.append(
+            f"loss {row['losses'][worst]:.6g} at step {row['loss_steps'][worst]}, stock bf16 eager's "
+            f"{base['losses'][worst]:.6g}: {gaps[worst]:.2%} apart (at most {LOSS_TOLERANCE:.0%})"
+        )
+    row["check"] = None if row["stock"] else check_result(problems)
 
 
 def _stack_section(ctx: RunContext) -> dict[str, Any]:
@@ -219,6 +266,7 @@ def _stack_section(ctx: RunContext) -> dict[str, Any]:
     for row in rows:
         if base is not None and "ms" in row:
             row["speedup_over_bf16_eager"] = base["ms"] / row["ms"]
+            _check_losses(row, base)
     return {
         "model": "LlamaStack",
         "config": config,
@@ -381,8 +429,9 @@ def _report_stack(section: dict[str, Any]) -> str:
     rows = []
     for r in section["rows"]:
         if "skipped" in r:
-            rows.append([r["label"], "skipped", "", "", "", r["skipped"][:60]])
+            rows.append([r["label"], "skipped", "", "", "", "", "", r["skipped"][:60]])
             continue
+        gap = r.get("max_loss_gap_vs_bf16_eager")
         rows.append(
             [
                 r["label"],
@@ -390,6 +439,8 @@ def _report_stack(section: dict[str, Any]) -> str:
                 f"{r['speedup_over_bf16_eager']:.2f}x" if "speedup_over_bf16_eager" in r else "",
                 "" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}",
                 f"{r['first_step_s']:.1f}",
+                "-" if gap is None else f"{gap:.2%}",
+                check_cell(r),
                 "" if r["losses_finite"] else "NON-FINITE LOSS",
             ]
         )
@@ -398,8 +449,11 @@ def _report_stack(section: dict[str, Any]) -> str:
         f"{section['model']} training step (dim {c['dim']}, {c['layers']} blocks, ffn {c['ffn']}, vocab {c['vocab']}), "
         f"batch {section['batch'][0]} x {section['batch'][1]}, bf16 autocast"
     )
-    headers = ["variant", "ms/step", "vs bf16 eager", "peak GiB", "first step s", ""]
-    return title + "\n" + format_table(headers, rows, "lrrrrl")
+    headers = ["variant", "ms/step", "vs bf16 eager", "peak GiB", "first step s", "loss gap", "check", ""]
+    lines = [title, format_table(headers, rows, "lrrrrrll"), *failure_lines(section["rows"])]
+    return "\n".join(
+        [*lines, f"note: loss gap: the largest relative gap to stock bf16 eager's loss; {LOSS_CHECK_NOTE}"]
+    )
 
 
 def report(document: dict[str, Any]) -> str:
@@ -444,9 +498,9 @@ def plot(document: dict[str, Any], path: Path, title: str) -> bool:
     rows = [r for r in document["stack"]["rows"] if "ms" in r]
     if not rows:
         return False
-    panels = {
-        "training step, ms": ([r["label"].replace(", ", "\n") for r in rows], {"ms per step": [r["ms"] for r in rows]})
-    }
+    # The labels wrapped to 14 characters a line, so that neighbours do not overlap at 12 bars in 16 inches.
+    groups = ["\n".join(textwrap.wrap(r["label"], 14, break_long_words=False)) for r in rows]
+    panels = {"training step, ms": (groups, {"ms per step": [r["ms"] for r in rows]})}
     return plot_grouped_bars(
-        path, title, panels, ylabel="ms per step", log_scale=False, panel_width=13, tick_fontsize=6
+        path, title, panels, ylabel="ms per step", log_scale=False, panel_width=16, tick_fontsize=7
     )

@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import CPU_CACHE_NOTE, format_table, free_device_memory, time_interleaved
+from benchmarks.common import (
+    CPU_CACHE_NOTE,
+    check_cell,
+    check_result,
+    failure_lines,
+    format_table,
+    free_device_memory,
+    time_interleaved,
+)
 
 GPU_SHAPES = ((8192, 8192), (16384, 2048), (16384, 8192))
 CPU_SHAPES = ((256, 256),)
@@ -62,6 +70,37 @@ def _backends(device: torch.device) -> list[str]:
     return running if device.type == "cuda" and running else [dispatch.select("to_float8", device)]
 
 
+CHECK_NOTE = (
+    "check, after the timed loops: every output of each kernel backend's cast (fp8 codes, scale_inv) bit for bit "
+    "that of the same call on the torch reference (backend='torch'), as tests/test_float8_casts.py requires; the "
+    "reference itself and plain torch are not checked"
+)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
+def _check_casts(x: torch.Tensor, backends: list[str]) -> dict[str, str | None]:
+    """Per ``backend:variant`` key: its outputs against the reference's, bit for bit (None for the reference)."""
+    expected = {variant: fn() for variant, fn in _variants(x, "torch").items()}
+    checks: dict[str, str | None] = {}
+    for backend in backends:
+        for variant, fn in _variants(x, backend).items():
+            if backend == "torch":
+                checks[f"{backend}:{variant}"] = None
+                continue
+            got, want = fn(), expected[variant]
+            names = ("data", "scale_inv") if len(got) == 2 else tuple(f"output {i}" for i in range(len(got)))
+            problems = [
+                f"{name} differs from the reference's"
+                for name, a, b in zip(names, got, want, strict=True)
+                if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(_bits(a), _bits(b))
+            ]
+            checks[f"{backend}:{variant}"] = check_result(problems)
+    return checks
+
+
 def _floor_bytes(variant: str, numel: int) -> int:
     return numel * (2 + (2 if variant == "pair" else 1))
 
@@ -79,6 +118,7 @@ def run_casts(ctx) -> list[dict[str, Any]]:
         for backend in backends:
             fns.update({f"{backend}:{variant}": fn for variant, fn in _variants(x, backend).items()})
         timings = time_interleaved(fns, ctx.device, ctx.repeats, ctx.target_loop_s)
+        checks = _check_casts(x, backends)
         ms = {key: t.median_device_ms or t.median_wall_ms for key, t in timings.items()}
         for key, t in timings.items():
             backend, _, variant = key.rpartition(":")
@@ -102,6 +142,7 @@ def run_casts(ctx) -> list[dict[str, Any]]:
                     "speedup_over_torch": ms[STOCK] / ms[key],
                     "on_gpu": not ctx.cpu_small,
                     "backend": backend or STOCK,
+                    "check": checks.get(key),
                 }
             )
         del x, timings
@@ -112,13 +153,14 @@ def run_casts(ctx) -> list[dict[str, Any]]:
 def report_casts(rows: list[dict[str, Any]]) -> str:
     """The casts table (no % of copy or x floor on the CPU: CPU_CACHE_NOTE)."""
     on_gpu = bool(rows) and rows[0]["on_gpu"]
-    headers = ["shape", "cast", "ms", "MB moved", "GB/s"] + (["% copy", "x floor"] if on_gpu else []) + ["vs torch"]
+    headers = ["shape", "cast", "ms", "MB moved", "GB/s"] + (["% copy", "x floor"] if on_gpu else [])
+    headers += ["vs torch", "check"]
     table = []
     for row in rows:
         cells = [row["shape"], row["label"], f"{row['ms']:.4f}", f"{row['bytes'] / 1e6:.1f}", f"{row['gbs']:.0f}"]
         if on_gpu:
             cells += [f"{row['pct_of_copy']:.0f}%", f"{row['x_floor']:.2f}"]
-        table.append([*cells, f"{row['speedup_over_torch']:.2f}x"])
+        table.append([*cells, f"{row['speedup_over_torch']:.2f}x", check_cell(row)])
     notes = [
         "bytes moved: x read once (bf16, 2 B/element) + the fp8 data written (1 B/element, 2 for the pair)",
         "x floor: time / (those bytes at the copy bandwidth); current scaling reads x twice (>= 1.67x from HBM)",
@@ -127,5 +169,7 @@ def report_casts(rows: list[dict[str, Any]]) -> str:
         notes.append(f"ampkernels backends: {', '.join(dict.fromkeys(r['backend'] for r in rows[1:]))}")
     if not on_gpu:
         notes.append(CPU_CACHE_NOTE)
-    align = "ll" + "r" * (len(headers) - 2)
-    return "\n".join([format_table(headers, table, align), *[f"note: {n}" for n in notes]])
+    notes.append(CHECK_NOTE)
+    align = "ll" + "r" * (len(headers) - 3) + "l"
+    table_text = format_table(headers, table, align)
+    return "\n".join([table_text, *failure_lines(rows), *[f"note: {n}" for n in notes]])

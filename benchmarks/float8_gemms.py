@@ -26,7 +26,15 @@ import torch
 from ampkernels import dispatch
 from ampkernels.scaled_matmul import scaled_matmul
 from benchmarks.bench_scaled_matmul import _geomean, _time_gpu
-from benchmarks.common import RunContext, format_table, free_device_memory, time_interleaved
+from benchmarks.common import (
+    RunContext,
+    check_cell,
+    check_result,
+    failure_lines,
+    format_table,
+    free_device_memory,
+    time_interleaved,
+)
 
 #: M x N x K (issue 18): square; the Llama-style MLP's up (d 2048 -> 8192) and down; attention; BERT-sized.
 SHAPES = (
@@ -50,7 +58,42 @@ def _backends(device: torch.device) -> list[str]:
     return names + [n for n in ours if dispatch.why_not("scaled_matmul_float8", n, device) is None]
 
 
-def _variants(M: int, N: int, K: int, device: torch.device, backends: list[str]) -> dict[tuple[str, str], Any]:
+#: tests/test_scaled_matmul_float8.py (_assert_within_twice): the relative error against float64 at most twice
+#: torch._scaled_mm's (same operands, same scales) plus this.
+ERROR_SLACK = 1e-6
+CHECK_NOTE = (
+    "check, after the timed loops (ampkernels rows): the relative error (Frobenius norm) of each result against a "
+    "float64 product of the same fp8 operands and scales at most twice torch._scaled_mm's + 1e-6, as "
+    "tests/test_scaled_matmul_float8.py requires"
+)
+
+
+def _check_shape(variants: dict[tuple[str, str], Any], operands) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per variant but bf16 cuBLAS (other operands): its relative error against float64 and, for ampkernels', the
+    check against torch._scaled_mm's error with the same scaling."""
+    a, b, scales = operands
+    a64, b64 = a.double(), b.double()
+    errors = {}
+    for granularity, (sa, sb) in scales.items():
+        exact = (a64 * sa.double()) @ (b64 * sb.double())
+        for key, fn in variants.items():
+            if key[1] == granularity:
+                errors[key] = float((fn().double() - exact).norm() / exact.norm())
+        del exact
+    out = {}
+    for key, error in errors.items():
+        name, granularity = key
+        allowed = 2.0 * errors[(SCALED_MM, granularity)] + ERROR_SLACK
+        problems = [] if error <= allowed else [f"relative error {error:.3e} against float64 > {allowed:.3e}"]
+        out[key] = {
+            "rel_err_vs_fp64": error,
+            "check": check_result(problems) if name.startswith("ampkernels") else None,
+        }
+    return out
+
+
+def _variants(M: int, N: int, K: int, device: torch.device, backends: list[str]):
+    """(the timed calls by (implementation, scaling), (a, b, {scaling: (scale_a, scale_b)}))."""
     x = torch.randn(M, K, device=device)
     w = torch.randn(N, K, device=device)
     x16, w16 = x.to(torch.bfloat16), w.to(torch.bfloat16)
@@ -73,7 +116,7 @@ def _variants(M: int, N: int, K: int, device: torch.device, backends: list[str])
             variants[(f"ampkernels {backend}", granularity)] = lambda sa=sa, sb=sb, backend=backend: scaled_matmul(
                 a, b, scale_a=sa, scale_b=sb, backend=backend
             )
-    return variants
+    return variants, (a, b, scales)
 
 
 def run_gemms(ctx: RunContext) -> list[dict]:
@@ -83,12 +126,13 @@ def run_gemms(ctx: RunContext) -> list[dict]:
     backends = _backends(ctx.device)
     rows: list[dict] = []
     for M, N, K in shapes:
-        variants = _variants(M, N, K, ctx.device, backends)
+        variants, operands = _variants(M, N, K, ctx.device, backends)
         if ctx.cpu_small:
             timings = time_interleaved(variants, ctx.device, ctx.repeats, ctx.target_loop_s)
             ms = {key: timing.median_wall_ms for key, timing in timings.items()}
         else:
             ms = _time_gpu(variants, max(3, ctx.repeats))
+        checks = _check_shape(variants, operands)
         flops = 2.0 * M * N * K
         for (name, granularity), time_ms in ms.items():
             stock = ms.get((SCALED_MM, granularity))
@@ -104,9 +148,10 @@ def run_gemms(ctx: RunContext) -> list[dict]:
                     "tflops": flops / (time_ms * 1e-3) / 1e12,
                     "vs_scaled_mm": None if stock is None else stock / time_ms,
                     "vs_bf16": ms[(BF16, "-")] / time_ms,
+                    **checks.get((name, granularity), {"check": None}),
                 }
             )
-        del variants
+        del variants, operands
         free_device_memory(ctx.device)
     for name, granularity in dict.fromkeys((r["implementation"], r["scaling"]) for r in rows):
         picked = [r for r in rows if r["implementation"] == name and r["scaling"] == granularity]
@@ -127,7 +172,7 @@ def run_gemms(ctx: RunContext) -> list[dict]:
 
 def report_gemms(rows: list[dict]) -> str:
     """The rows as a table: TFLOP/s, x torch._scaled_mm (same scaling; the geomean rows with the worst shape)."""
-    headers = ["M x N x K", "implementation", "scaling", "ms", "TFLOP/s", "x _scaled_mm", "x bf16 mm"]
+    headers = ["M x N x K", "implementation", "scaling", "ms", "TFLOP/s", "x _scaled_mm", "x bf16 mm", "check"]
     table = []
     for r in rows:
         ratio = "-" if r["vs_scaled_mm"] is None else f"{r['vs_scaled_mm']:.3f}"
@@ -136,5 +181,7 @@ def report_gemms(rows: list[dict]) -> str:
         ms = f"{r['ms']:.3f}" if "ms" in r else ""
         table.append(
             [r["shape"], r["implementation"], r["scaling"], ms, f"{r['tflops']:.1f}", ratio, f"{r['vs_bf16']:.2f}"]
+            + [check_cell(r)]
         )
-    return format_table(headers, table, "lllrrrr")
+    lines = [format_table(headers, table, "lllrrrrl"), *failure_lines(rows)]
+    return "\n".join([*lines, f"note: {CHECK_NOTE}"])
