@@ -1,0 +1,66 @@
+"""The model zoo benchmark: every model builds and trains at tiny size on the CPU, the recipes compared with each
+other run the same steps, and a loss that departs from stock's is reported as a failed check."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from benchmarks import bench_models
+
+
+def _ctx(**overrides):
+    progress = SimpleNamespace(reset=lambda total: None, set_postfix_str=lambda s: None, update=lambda: None)
+    ctx = dict(device=torch.device("cpu"), repeats=1, target_loop_s=0.0, progress=progress, full=False, models=None)
+    ctx.update(overrides)
+    return SimpleNamespace(**ctx, cpu_small=ctx["device"].type == "cpu", only="models")
+
+
+@pytest.mark.parametrize("name", list(bench_models.MODELS))
+def test_every_zoo_model_builds_small_and_its_loss_is_finite(name):
+    if bench_models._why_not(name) is not None:
+        pytest.skip(bench_models._why_not(name))
+    torch.manual_seed(0)
+    model = bench_models.MODELS[name][0](True)
+    loss = model.loss_fn(model.module, *model.batch_of(0))
+    assert loss.ndim == 0 and math.isfinite(loss.item())
+    assert model.per_batch > 0 and model.unit in ("tokens", "images")
+
+
+def test_default_cpu_run_compares_each_recipe_with_stock():
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchvision")
+    document = bench_models.run(_ctx())
+    rows = document["rows"]
+    assert {r["model"] for r in rows} == set(bench_models.DEFAULT_MODELS)
+    for row in rows:
+        assert "error" not in row, row
+        assert math.isfinite(row["final_loss"])
+        if row["recipe"] == "bf16-ampkernels":
+            assert row["check"] == "ok" and row["speedup_over_stock"] > 0
+    # every recipe of a model ran the same steps on the same batches
+    assert len(set(document["iterations"].values())) >= 1
+    assert bench_models.failures(document) == []
+    assert "bf16-ampkernels against bf16-stock" in "\n".join(bench_models.summary(document))
+
+
+def test_a_loss_away_from_stock_fails_the_check():
+    recipe = bench_models.BY_NAME["fp16-ampkernels"]
+    baseline = {"recipe": "fp16-stock", "step_ms": 10.0, "final_loss": 6.0}
+    close = {"step_ms": 9.0, "final_loss": 6.0 * (1 + 0.5 * bench_models.LOSS_RTOL)}
+    far = {"step_ms": 9.0, "final_loss": 6.0 * (1 + 3 * bench_models.LOSS_RTOL)}
+    bench_models._check(close, baseline, recipe)
+    bench_models._check(far, baseline, recipe)
+    assert close["check"] == "ok" and close["speedup_over_stock"] == pytest.approx(10 / 9)
+    assert far["check"].startswith("FAILED")
+    nan = {"step_ms": 9.0, "final_loss": float("nan")}
+    bench_models._check(nan, baseline, recipe)
+    assert nan["check"].startswith("FAILED")
+    document = {"rows": [{"model": "m", "recipe": "fp16-ampkernels", **far}], "skipped": {}}
+    assert bench_models.failures(document) and "CHECK FAILED" in "\n".join(bench_models.summary(document))
+
+
+def test_unknown_model_is_refused_by_name():
+    with pytest.raises(ValueError, match="--models: unknown"):
+        bench_models._models(_ctx(models=["resnet-51"]))
