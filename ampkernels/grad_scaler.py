@@ -33,6 +33,18 @@ from ampkernels import dispatch, ops, reference
 _PENDING = "ampkernels_pending_grad_scale"
 
 
+# The native gradient table's messages (csrc/scaler/grad_table.h), word for word: every backend raises them.
+_SHARED_GRADIENT = (
+    "ampkernels: argument 'params': parameters {} and {} have gradients that share memory (the same gradient tensor "
+    "twice: one parameter twice, or a shared .grad; or overlapping views of one buffer); each gradient must belong "
+    "to one parameter"
+)
+_EXPANDED_GRADIENT = (
+    "ampkernels: argument 'params': parameter {} has a gradient whose elements share memory (an expanded tensor?), "
+    "which cannot be unscaled in place; give it a gradient of its own (.clone())"
+)
+
+
 class _TorchGradTable:
     """The gradients of one optimizer on one device, for the Triton and plain-torch backends and for FSDP2's
     DTensor gradients (whose local shards it hands to the list op of any backend).
@@ -51,7 +63,8 @@ class _TorchGradTable:
         return self._sparse
 
     def unscale_reduce(self, scale, found_inf, factor, write, norm_type, per_tensor, max_norm, revalidate=True):
-        grads, index, self._sparse = [], [], []
+        grads, index, spans, self._sparse = [], [], [], []
+        expanded = None
         for i, p in enumerate(self.params):
             g = p.grad
             if g is None:
@@ -62,8 +75,24 @@ class _TorchGradTable:
             if g.layout != torch.strided:
                 self._sparse.append(i)
                 continue
+            if (
+                expanded is None
+                and not g.is_contiguous()
+                and any(s == 0 and n > 1 for n, s in zip(g.shape, g.stride()))
+            ):
+                expanded = i
+            if g.numel() and self.device.type != "meta":
+                spans.append(ops.memory_span(g, i))
             grads.append(g)
             index.append(i)
+        # The native table's checks and errors, in its order: every pass refuses a gradient reached through two
+        # parameters (it would be unscaled twice, and counted twice in the norms); one that writes refuses an
+        # expanded gradient, before anything is written.
+        shared = ops.intersecting(spans)
+        if shared is not None:
+            raise RuntimeError(_SHARED_GRADIENT.format(*shared))
+        if write and expanded is not None:
+            raise RuntimeError(_EXPANDED_GRADIENT.format(expanded))
         res = ops.unscale_reduce_(
             grads,
             scale,

@@ -1,8 +1,10 @@
 """The scaler's multi-tensor ops (unscale + non-finite check + norm, loss-scale update): public wrappers that check
 every argument (errors name it), pick a backend (:mod:`ampkernels.dispatch`) and launch.
 
-Each op has a plain-PyTorch reference in :mod:`ampkernels.reference` with the same contract. The Triton launch code
-checks nothing again; the native ops keep their own checks (``torch.ops.ampkernels.*`` can be called directly). They
+The checks run before the backend is chosen, so that every backend raises the same exception with the same message,
+before anything is written. Each op has a plain-PyTorch reference in :mod:`ampkernels.reference` with the same
+contract. The Triton launch code checks nothing again; the native ops keep their own checks
+(``torch.ops.ampkernels.*`` can be called directly). They
 are registered with ``torch.library`` (schemas in ``csrc/scaler/scaler_ops.cpp``), with fake implementations in
 :mod:`ampkernels._native_fakes`, so ``torch.compile`` can trace through them.
 """
@@ -52,9 +54,60 @@ def _check_scalar(t, name: str, device: torch.device, dtype: torch.dtype = torch
         raise ValueError(f"ampkernels: argument '{name}': expected a contiguous tensor, got strides {t.stride()}")
 
 
+# The native op's message (csrc/scaler/scaler_ops.cpp), word for word: every backend raises it.
+_SHARED_MEMORY = (
+    "ampkernels: argument 'tensors': elements {} and {} share memory (the same tensor twice, or overlapping views) "
+    "and would be unscaled twice; pass each tensor once, or write=False"
+)
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its memory, in any order (``at::Tensor::is_non_overlapping_and_dense``)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda x: x[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def intersecting(spans: list[tuple[int, int, int]]) -> tuple[int, int] | None:
+    """Two owners (the smaller first) of ``spans`` (``(begin, end, owner)``: the bytes ``[begin, end)`` of a
+    tensor) that share a byte, or None: the native ``find_intersecting``. O(n log n)."""
+    reach, owner = 0, -1
+    for begin, end, i in sorted(s for s in spans if s[1] > s[0]):
+        if owner >= 0 and begin < reach:
+            return min(owner, i), max(owner, i)
+        if end > reach:
+            reach, owner = end, i
+    return None
+
+
+def memory_span(t: torch.Tensor, owner: int) -> tuple[int, int, int]:
+    """The bytes ``[begin, end)`` all of a dense tensor's elements occupy; of any other only its first element, a
+    subset, so that an intersection found with it is a real one (the native ``memory_span``)."""
+    begin = t.data_ptr()
+    n = t.numel() if _is_dense(t) else min(t.numel(), 1)
+    return begin, begin + n * t.element_size(), owner
+
+
+def _not_written_outside_autograd(t: torch.Tensor, arg: str, element: int | None = None) -> None:
+    # torch's in-place rule (autograd raises for a leaf that requires grad, and would record the write of any other
+    # tensor that does): the kernels write outside autograd, so every backend refuses what torch's would.
+    if t.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(
+            f"ampkernels: argument '{arg}': {'' if element is None else f'element {element} '}requires grad and would "
+            "be written in place, outside autograd; pass one that does not (.detach()), or call under torch.no_grad()"
+        )
+
+
 def _check_tensors(tensors: list, device: torch.device, write: bool) -> None:
-    """Every element a strided floating-point tensor on ``device``, and with ``write`` none expanded (the native op
-    checks the same in C++). One pass: the scaler's Triton and torch paths call it every step."""
+    """Every element a strided floating-point tensor on ``device``; with ``write`` none expanded, none requiring grad
+    (under grad mode) and no two dense ones sharing memory. One pass, before any backend runs: every backend raises
+    the same errors, before anything is written."""
+    spans = [] if write and device.type != "meta" and not torch.compiler.is_compiling() else None
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"ampkernels: argument 'tensors': element {i} is a {type(t).__name__}, not a tensor")
@@ -69,13 +122,25 @@ def _check_tensors(tensors: list, device: torch.device, write: bool) -> None:
             )
         if t.layout != torch.strided:
             raise TypeError(f"ampkernels: argument 'tensors': element {i} has layout {t.layout}; only strided")
+        if not write:
+            continue
         # Refused before anything is written: the in-place write of an expanded tensor would fail only after the
         # tensors before it were unscaled.
-        if write and not t.is_contiguous() and any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+        if not t.is_contiguous() and any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
             raise ValueError(
                 f"ampkernels: argument 'tensors': element {i} has elements that share memory (an expanded tensor?) "
                 "and cannot be written in place; pass write=False or a tensor of its own (.clone())"
             )
+        _not_written_outside_autograd(t, "tensors", i)
+        # A non-dense tensor is read through a copy taken before anything is written: only dense ones can be
+        # reached twice.
+        if spans is not None and t.numel() and _is_dense(t):
+            begin = t.data_ptr()
+            spans.append((begin, begin + t.numel() * t.element_size(), i))
+    if spans:
+        pair = intersecting(spans)
+        if pair is not None:
+            raise ValueError(_SHARED_MEMORY.format(*pair))
 
 
 def _check_real(value, name: str) -> None:
@@ -122,6 +187,7 @@ def unscale_reduce_(
     device = found_inf.device
     _check_scalar(scale, "scale", device)
     _check_scalar(found_inf, "found_inf", device)
+    _not_written_outside_autograd(found_inf, "found_inf")
     if factor is not None:
         _check_scalar(factor, "factor", device)
     code = _norm_code(norm_type)
@@ -135,8 +201,9 @@ def unscale_reduce_(
         if not max_norm >= 0:
             raise ValueError(f"ampkernels: argument 'max_norm': must be >= 0, got {max_norm}")
     tensors = list(tensors)
+    _check_tensors(tensors, device, write)
     name = dispatch.select("unscale_reduce_", device, backend)
-    if name == "native":  # the C++ op checks the tensor list (one pass over it, in C++)
+    if name == "native":
         norm, each, coef = torch.ops.ampkernels.unscale_reduce_(
             tensors, scale, found_inf, factor, write, code, per_tensor, -1.0 if max_norm is None else float(max_norm)
         )
@@ -146,7 +213,6 @@ def unscale_reduce_(
             each if has_norm and per_tensor else None,
             coef if has_norm and max_norm is not None else None,
         )
-    _check_tensors(tensors, device, write)
     if name == "triton":
         # The Triton kernels walk flat memory: stage non-contiguous views through a contiguous copy.
         staged = {i: t.contiguous() for i, t in enumerate(tensors) if not t.is_contiguous()}
@@ -167,9 +233,15 @@ def unscale_reduce_(
             for i, copy in staged.items():
                 tensors[i].copy_(copy)
         return UnscaleResult(norm, each, coef)
+    # As the native op: a non-dense tensor is read through a copy taken before anything is written, so that a view
+    # over a listed tensor is unscaled from its values as given, once.
+    staged = {i: t.contiguous() for i, t in enumerate(tensors) if write and not _is_dense(t)}
+    flat = [staged.get(i, t) for i, t in enumerate(tensors)]
     norm, each = reference.unscale_reduce_(
-        tensors, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor
+        flat, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor
     )
+    for i, copy in staged.items():
+        tensors[i].copy_(copy)
     coef = reference.clip_coef(norm, max_norm) if max_norm is not None else None
     return UnscaleResult(norm, each, coef)
 
@@ -223,6 +295,7 @@ def update_scale_(
         raise TypeError(f"ampkernels: argument 'scale': expected a tensor, got {type(scale).__name__}")
     device = scale.device
     _check_scalar(scale, "scale", device)
+    _not_written_outside_autograd(scale, "scale")
     _check_scalar(growth_tracker, "growth_tracker", device, torch.int32)
     _check_scalar(found_inf, "found_inf", device)
     for arg, value in (("growth_interval", growth_interval), ("hysteresis", hysteresis)):
@@ -247,6 +320,7 @@ def update_scale_(
         if counters is None:
             raise ValueError("ampkernels: argument 'history': needs counters (its write position is counters[0])")
         _check_scalar(history, "history", device, numel=history.numel())
+        _not_written_outside_autograd(history, "history")
     name = dispatch.select("update_scale_", device, backend)
     if name == "native":
         tracker = hysteresis_tracker
