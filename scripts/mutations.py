@@ -47,6 +47,7 @@ T_OPT = "tests/test_optimizers.py"
 T_FUSED = "tests/test_float8_fused.py"
 T_CAST = "tests/test_float8_casts.py"
 T_KILLS = "tests/test_mutation_kills.py"
+T_REF64 = "tests/test_reference_float64.py"
 
 MUTATIONS: list[Mutation] = [
     # ---- reference: the scaler's unscale, non-finite check, norms, clip coefficient, scale update ----
@@ -200,7 +201,7 @@ MUTATIONS: list[Mutation] = [
         "torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)",
         "torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps * 1000)",
         "reference RMSNorm's eps scaled by 1000",
-        (T_FUSED, "-k", "rms_norm and within_torchs_error"),
+        (f"{T_REF64}::test_rms_norm_and_its_gradients",),
     ),
     Mutation(
         "ref-silu-is-sigmoid",
@@ -208,7 +209,7 @@ MUTATIONS: list[Mutation] = [
         "(torch.nn.functional.silu(gate.float()) * up.float())",
         "(torch.sigmoid(gate.float()) * up.float())",
         "reference SiLU·up uses sigmoid(gate) instead of gate * sigmoid(gate)",
-        (T_FUSED, "-k", "silu_mul and within_torchs_error"),
+        (f"{T_REF64}::test_silu_mul_and_its_gradients",),
     ),
     Mutation(
         "ref-rotary-sign",
@@ -216,7 +217,7 @@ MUTATIONS: list[Mutation] = [
         "torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)",
         "torch.cat((x1 * cos + x2 * sin, x1 * sin + x2 * cos), dim=-1)",
         "reference RoPE with the sign of x2 * sin flipped in the first half",
-        (T_FUSED, "-k", "rotary"),
+        (f"{T_REF64}::test_rotary_turns_a_pair_counterclockwise_by_t_radians",),
     ),
     Mutation(
         "ref-rotary-frequency",
@@ -224,7 +225,7 @@ MUTATIONS: list[Mutation] = [
         "inv_freq = base ** (-torch.arange(half, device=device, dtype=torch.float32) / half)",
         "inv_freq = base ** (-torch.arange(half, device=device, dtype=torch.float32) / (2 * half))",
         "reference RoPE frequencies base^(-i/D) instead of base^(-i/(D/2))",
-        (T_FUSED, "-k", "rotary"),
+        (f"{T_REF64}::test_rotary_tables",),
     ),
     Mutation(
         "ref-float8-no-saturation",
@@ -232,7 +233,7 @@ MUTATIONS: list[Mutation] = [
         "y = (xf * s).clamp(-limit, limit)",
         "y = xf * s",
         "reference FP8 cast does not saturate at ±max",
-        (T_CAST, "-k", "test_rounding_ties_subnormals_and_saturation or test_every_path_bitwise"),
+        (f"{T_REF64}::test_to_float8_given_scale_saturates_and_flags",),
     ),
     Mutation(
         "ref-float8-inf-saturates",
@@ -240,7 +241,7 @@ MUTATIONS: list[Mutation] = [
         "y = torch.where(torch.isfinite(xf), y, torch.full_like(y, math.nan))",
         "y = torch.where(torch.isnan(xf), y, y)",
         "reference FP8 cast saturates inf to ±max instead of making it NaN",
-        (T_CAST, "-k", "test_inf_and_nan"),
+        (f"{T_REF64}::test_to_float8_given_scale_saturates_and_flags", f"{T_REF64}::test_to_float8_current_scaling"),
     ),
     Mutation(
         "ref-float8-double-rounding",
@@ -248,7 +249,7 @@ MUTATIONS: list[Mutation] = [
         "data = y.to(dtype).contiguous()",
         "data = y.to(torch.bfloat16).to(dtype).contiguous()",
         "reference FP8 cast rounds through bfloat16 first (double rounding)",
-        (T_CAST, "-k", "test_rounding_ties_subnormals_and_saturation or test_every_path_bitwise"),
+        (f"{T_REF64}::test_to_float8_current_scaling", f"{T_REF64}::test_to_float8_given_scale_saturates_and_flags"),
     ),
     Mutation(
         "ref-float8-scale-floor",
@@ -256,7 +257,7 @@ MUTATIONS: list[Mutation] = [
         "scale = torch.reciprocal(torch.clamp(amax, min=FLOAT8_AMAX_FLOOR)) * float8_max(dtype)",
         "scale = torch.reciprocal(amax) * float8_max(dtype)",
         "reference FP8 scale without the amax floor (an all-zero tensor gets an inf scale)",
-        (T_CAST, "-k", "test_all_zero_tensor"),
+        (f"{T_REF64}::test_float8_scale",),
     ),
     Mutation(
         "ref-scaled-matmul-divides",
@@ -264,7 +265,7 @@ MUTATIONS: list[Mutation] = [
         "v = v * (scale.to(compute) * alpha)",
         "v = v / (scale.to(compute) * alpha)",
         "reference scaled_matmul divides by a tensor scale instead of multiplying",
-        ("tests/test_scaled_matmul_accuracy.py", "-k", "test_matches_reference and cpu"),
+        (f"{T_REF64}::test_scaled_matmul",),
     ),
     Mutation(
         "ref-float8-matmul-bias-rounded",
@@ -272,7 +273,10 @@ MUTATIONS: list[Mutation] = [
         "        v = v + bias.float()\n",
         "        v = v + bias.to(out_dtype).float()\n",
         "reference FP8 scaled_matmul rounds the bias to the output dtype before adding it",
-        ("tests/test_scaled_matmul_float8.py", "-k", "test_backend_matches_the_reference and cpu"),
+        (
+            f"{T_REF64}::test_scaled_matmul_float8",
+            "tests/test_scaled_matmul_float8.py::test_backend_matches_the_reference",
+        ),
     ),
     # ---- Triton: multi-tensor unscale / norms / scale update ----
     Mutation(
@@ -308,12 +312,12 @@ MUTATIONS: list[Mutation] = [
         (f"{T_MT}::test_clip_coef",),
     ),
     Mutation(
-        "triton-unscale-float32-reciprocal",
+        "triton-unscale-drops-factor",
         MT,
-        "inv = (1.0 / tl.load(scale).to(tl.float64)).to(tl.float32)",
-        "inv = 1.0 / tl.load(scale)",
-        "Triton unscale takes the reciprocal in float32 (stock rounds it from float64)",
-        (f"{T_MT}::test_unscale_values_and_l2_norms",),
+        "            v = v * fac\n",
+        "",
+        "Triton unscale of a 16/32-bit tensor ignores the clip factor",
+        (f"{T_MT}::test_factor",),
     ),
     Mutation(
         "triton-hysteresis-off-by-one",
@@ -346,7 +350,7 @@ MUTATIONS: list[Mutation] = [
         "denom = tl.div_rn(tl.sqrt_rn(second), bc2_sqrt) + eps",
         "denom = tl.div_rn(tl.sqrt_rn(second) + eps, bc2_sqrt)",
         "Triton Adam adds eps before the bias correction",
-        (f"{T_OPT}::test_backends_agree_with_reference",),
+        (f"{T_KILLS}::test_adam_eps_is_added_after_the_bias_correction",),
     ),
     Mutation(
         "triton-adam-bc1-uses-beta2",
@@ -489,7 +493,7 @@ MUTATIONS: list[Mutation] = [
         "const float denom = ::sqrtf(second) / bc2_sqrt + h.eps;",
         "const float denom = (::sqrtf(second) + h.eps) / bc2_sqrt;",
         "native Adam adds eps before the bias correction",
-        (f"{T_OPT}::test_backends_agree_with_reference",),
+        (f"{T_KILLS}::test_adam_eps_is_added_after_the_bias_correction",),
         native=True,
     ),
     Mutation(
