@@ -19,8 +19,8 @@ from integrations_common import (
     SCALER_KWARGS,
     batches,
     count_host_reads,
-    stock_fp16_scaler,
     reset_accelerate_state,
+    stock_fp16_scaler,
     tiny_model,
 )
 

@@ -65,7 +65,7 @@ class Module(lightning.LightningModule):
         return make_optimizer(self.optimizer_kind, self.parameters())
 
 
-def loader(n: int = STEPS, width: int = 16, out: int = 8, device: str = "cpu"):
+def loader(n: int = STEPS, width: int = 16, out: int = 8):
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(64, width, generator=g), torch.randn(64, out, generator=g)) for _ in range(n)]
     return torch.utils.data.DataLoader(data, batch_size=None)
