@@ -461,10 +461,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "scaler-state-dict-hysteresis-tracker",
         SCALER,
-        'state["_hysteresis_tracker"] = (\n                self._init_hysteresis_tracker\n'
-        "                if self._hysteresis_tracker is None\n"
-        "                else int(self._hysteresis_tracker.item())\n            )",
-        'state["_hysteresis_tracker"] = self._init_hysteresis_tracker',
+        "else int(self._hysteresis_tracker.item())",
+        "else self._init_hysteresis_tracker",
         "FusedGradScaler.state_dict saves the initial hysteresis tracker, not the current one",
         ("tests/test_grad_scaler_state_dict.py",),
     ),
