@@ -53,10 +53,12 @@ def _scaled_values(acc, offs_m, offs_n, M, N, alpha, scale_ptr, scale_mode, bias
     else:
         tile_factor = 1.0
     # Vector factors load nothing unless their mode is on (masked loads) and are then exactly 1.0, so each mode
-    # rounds once, like the reference's acc * (alpha * scale).
-    row_factor = tl.load(scale_ptr + offs_m, mask=(offs_m < M) & (scale_mode == 2), other=1.0)
+    # rounds once, like the reference's acc * (alpha * scale). The mode folds into the bound (0 when off) so that
+    # each mask is one vector comparison: Triton 3.9's interpreter refuses `vector & (scalar == k)` as a mask (the
+    # broadcast scalar comes out int32, not int1).
+    row_factor = tl.load(scale_ptr + offs_m, mask=offs_m < tl.where(scale_mode == 2, M, 0), other=1.0)
     row_factor = tl.where(scale_mode == 2, row_factor * alpha, row_factor)
-    col_factor = tl.load(scale_ptr + offs_n, mask=(offs_n < N) & (scale_mode == 3), other=1.0)
+    col_factor = tl.load(scale_ptr + offs_n, mask=offs_n < tl.where(scale_mode == 3, N, 0), other=1.0)
     col_factor = tl.where(scale_mode == 3, col_factor * alpha, col_factor)
     v = acc * tile_factor * row_factor[:, None] * col_factor[None, :]
     if HAS_BIAS:
