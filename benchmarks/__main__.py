@@ -10,6 +10,8 @@ Every module named in ``BENCHMARK_MODULES`` provides ``NAME``, ``run(ctx: RunCon
 else worth keeping), ``report(document) -> str`` (the table), ``summary(document) -> list[str]`` (its headline
 ratios against stock) and ``plot(document, path, title) -> bool``. Results go to ``<out>/<NAME>_<device>.json`` and
 ``.png``, e.g. ``grad_scaler_nvidia-h200.json``; ``<out>`` is ``./benchmark-results`` unless ``--out`` is given.
+Rows whose ``check`` field (a module's comparison of what it timed with stock's) says FAILED are listed at the
+end, and the run exits with status 1.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tqdm import tqdm
 from benchmarks.common import (
     CPU_SMALL_NOTE,
     RunContext,
+    check_failures,
     describe_environment,
     device_slug,
     environment_info,
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     copy_bandwidth = measure_copy_bandwidth(device, repeats, target_loop_s)
     header.append(f"copy bandwidth: {copy_bandwidth['gbs']:.1f} GB/s (bytes read + written)")
-    reports, summary = [], []
+    reports, summary, failures = [], [], []
     for module_name in selected_modules(args):
         module = importlib.import_module(f"benchmarks.{module_name}")
         with _Progress(desc=module.NAME, unit="case", dynamic_ncols=True) as progress:
@@ -213,12 +216,18 @@ def main(argv: list[str] | None = None) -> int:
                 saved.append(stem.with_suffix(".png"))
         reports.append(f"[{module.NAME}]\n{module.report(document)}\nsaved: {', '.join(map(str, saved))}")
         summary += [f"{module.NAME}: {line}" for line in module.summary(document)]
+        failures += [f"{module.NAME}: {line}" for line in check_failures(document)]
 
     print("\n".join(header))
     print("\n\n".join(reports))
     print("\n== summary (ratios against stock PyTorch, measured in this run) ==")
     print("\n".join(summary))
     print(f"finished in {time.perf_counter() - started:.0f} s")
+    if failures:  # a timed result that differs from stock's: its figures are worthless, and the exit code says so
+        failed = "\n".join(["== FAILED CHECKS: these timed results differ from stock's ==", *failures])
+        print(f"\n{failed}")
+        print(failed, file=sys.stderr)
+        return 1
     return 0
 
 

@@ -268,7 +268,7 @@ def mismatch(name: str, actual: torch.Tensor, expected: torch.Tensor, *, rtol: f
 
 def row_name(row: dict[str, Any]) -> str:
     """The fields that say which row of a table ``row`` is, joined."""
-    keys = ("set", "model", "dtype", "shape", "case", "op", "pass", "label", "scaling")
+    keys = ("set", "model", "recipe", "dtype", "shape", "case", "op", "pass", "label", "scaling")
     return " / ".join(str(row[key]) for key in keys if row.get(key) not in (None, "")) or "(row)"
 
 
