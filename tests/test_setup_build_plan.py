@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import setuptools
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLKIT = "/usr/local/cuda-13.0"
@@ -157,3 +158,46 @@ def test_setup_prints_its_plan_to_stderr():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "0.1.0"
     assert "ampkernels: building the CPU kernels only (AMPKERNELS_NO_CUDA=1; roughly 2 min with 3" in out.stderr
+
+
+def _extension(monkeypatch, env: dict[str, str]):
+    """The extension setup.py would build under ``env`` (loaded with setuptools.setup stubbed: nothing compiles)."""
+    # setup.py writes TORCH_CUDA_ARCH_LIST and CUDA_HOME: setenv first, so that monkeypatch restores them (unset too)
+    for name in ("AMPKERNELS_NO_NATIVE", "AMPKERNELS_NO_CUDA", "AMPKERNELS_FORCE_CUDA", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CUDA_HOME", os.environ.get("CUDA_HOME", ""))
+    if not os.environ["CUDA_HOME"]:
+        monkeypatch.delenv("CUDA_HOME")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
+    namespace = {"__file__": str(ROOT / "setup.py"), "__name__": "ampkernels_setup"}
+    exec(compile((ROOT / "setup.py").read_text(), str(ROOT / "setup.py"), "exec"), namespace)
+    (ext,) = captured["ext_modules"]
+    return ext, namespace
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU default")
+def test_the_plan_decides_the_extension(monkeypatch, capfd):
+    """The wiring from plan_build to the extension: without a GPU and without a request, no .cu source is compiled;
+    forced (where torch is a CUDA build and a toolkit is found), every .cu source, for the default list, which the
+    build records in AMPK_CUDA_ARCH_LIST. What setup.py wrote into the environment is taken back after."""
+    before = {k: os.environ.get(k) for k in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME")}
+    with monkeypatch.context() as patch:
+        ext, namespace = _extension(patch, {})
+        assert ext.sources and not any(s.endswith(".cu") for s in ext.sources)
+        assert "building the CPU kernels only (no GPU visible" in capfd.readouterr().err
+        cuda_build = torch.version.cuda is not None and namespace["find_cuda_home"]() is not None
+    if cuda_build:
+        with monkeypatch.context() as patch:
+            ext, namespace = _extension(patch, {"AMPKERNELS_FORCE_CUDA": "1"})
+            expected = namespace["_default_arch_list"](torch.version.cuda)
+            assert any(s.endswith(".cu") for s in ext.sources)
+            assert f'-DAMPK_CUDA_ARCH_LIST="{expected}"' in ext.extra_compile_args["nvcc"]
+            assert os.environ["TORCH_CUDA_ARCH_LIST"] == expected
+            assert "building the CPU kernels and the CUDA kernels for sm_" in capfd.readouterr().err
+    assert {k: os.environ.get(k) for k in before} == before
+    if not cuda_build:
+        pytest.skip("the forced CUDA build needs a CUDA build of torch and a CUDA toolkit (the CPU half passed)")
