@@ -86,7 +86,7 @@ def build(recipe: str, config: LlamaConfig, args, device: torch.device):
 
 
 def run(recipe: str, config, batches, args, device) -> tuple[float, list[float]]:
-    model, _, step, set_lr = build(recipe, config, args, device)
+    model, optimizer, step, set_lr = build(recipe, config, args, device)
     if recipe == "ampkernels":
         layers = sum(isinstance(m, Float8Linear) for m in model.modules())
         graphed = device.type == "cuda" and not args.no_graph
@@ -108,7 +108,7 @@ def run(recipe: str, config, batches, args, device) -> tuple[float, list[float]]
     peak = f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if device.type == "cuda" else ""
     losses = [float(x) for x in losses]
     print(f"  {recipe:>10}: {ms:8.2f} ms/step{peak}, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    del model, step
+    del model, optimizer, step, set_lr  # before the next recipe builds its own
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
