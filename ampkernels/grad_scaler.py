@@ -155,6 +155,24 @@ def _float32(value: float) -> float:
     return float(torch.tensor(v, dtype=torch.float64).float())
 
 
+# The largest count an int32 tracker holds (the growth and hysteresis trackers are int32 tensors, as stock's).
+_MAX_COUNT = 2**31 - 1
+
+
+def _init_scale_value(value: Any) -> float:
+    """``init_scale`` as a number: a real number, or a 1-element real tensor without grad (stock takes a 0-d tensor)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.requires_grad or value.dtype == torch.bool or value.is_complex():
+            raise ValueError(
+                "FusedGradScaler: init_scale must be a finite number > 0 or a 1-element real tensor without grad, "
+                f"got {value!r}"
+            )
+        value = value.item()
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and _valid_scale(value)):
+        raise ValueError(f"FusedGradScaler: init_scale must be a finite number > 0, got {value!r}")
+    return value
+
+
 def _valid_scale(value: float) -> bool:
     """Whether ``value``, stored in the float32 scale, is finite and > 0 (1e-50 is > 0 but stored as 0.0)."""
     v = _float32(value)
@@ -243,12 +261,15 @@ class FusedGradScaler(GradScaler):
         backend: str | None = None,
         process_group: Any = None,
     ) -> None:
-        if not (isinstance(init_scale, (int, float)) and _valid_scale(init_scale)):
-            raise ValueError(f"FusedGradScaler: init_scale must be a finite number > 0, got {init_scale!r}")
+        init_scale = _init_scale_value(init_scale)
+        # Any int, as stock: an interval beyond the int32 growth tracker's reach means the scale never grows.
         if not (isinstance(growth_interval, int) and growth_interval >= 1):
             raise ValueError(f"FusedGradScaler: growth_interval must be an int >= 1, got {growth_interval!r}")
-        if not (isinstance(hysteresis, int) and hysteresis >= 1):
-            raise ValueError(f"FusedGradScaler: hysteresis must be an int >= 1, got {hysteresis!r}")
+        if not (isinstance(hysteresis, int) and not isinstance(hysteresis, bool) and 1 <= hysteresis <= _MAX_COUNT):
+            raise ValueError(
+                f"FusedGradScaler: hysteresis must be an int >= 1 and < 2**31 (its tracker is an int32 tensor), "
+                f"got {hysteresis!r}"
+            )
         if min_scale is not None and not (math.isfinite(min_scale) and min_scale > 0):
             raise ValueError(f"FusedGradScaler: min_scale must be finite and > 0, got {min_scale!r}")
         if max_scale is not None and not (max_scale > 0 and not math.isnan(max_scale)):
@@ -682,7 +703,9 @@ class FusedGradScaler(GradScaler):
             found_inf,
             self._growth_factor,
             self._backoff_factor,
-            self._growth_interval,
+            # NOTE: the int32 tracker reaches at most 2**31 - 1, so a longer interval never ends, as in stock (whose
+            # tracker would overflow after 2**31 - 1 clean steps); the kernels take intervals of int32.
+            min(self._growth_interval, _MAX_COUNT),
             hysteresis=self._hysteresis,
             hysteresis_tracker=self._hysteresis_tracker,
             min_scale=reference.FLOAT32_TINY if self._min_scale is None else self._min_scale,
@@ -751,11 +774,14 @@ class FusedGradScaler(GradScaler):
         state = super().state_dict()
         if state and (self._hysteresis != 1 or self._min_scale is not None or self._max_scale is not None):
             state["hysteresis"] = self._hysteresis
-            state["_hysteresis_tracker"] = (
+            tracker = (
                 self._init_hysteresis_tracker
                 if self._hysteresis_tracker is None
                 else int(self._hysteresis_tracker.item())
             )
+            # Below 0 after more overflows in a row than hysteresis; every value <= 0 backs off at the next
+            # overflow, saved as 0 (the range load_state_dict takes).
+            state["_hysteresis_tracker"] = max(tracker, 0)
             state["min_scale"] = self._min_scale
             state["max_scale"] = self._max_scale
         return state
@@ -769,7 +795,8 @@ class FusedGradScaler(GradScaler):
     }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """As stock, with each entry checked first: a missing or wrong-typed entry raises naming the key."""
+        """As stock, with every entry checked before any is loaded: a missing, wrong-typed or out-of-range entry
+        raises naming the key and leaves the scaler as it was."""
         if not self._enabled:
             return
         if not isinstance(state_dict, dict):
@@ -778,6 +805,7 @@ class FusedGradScaler(GradScaler):
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
             )
+        values = {}  # the entries as numbers (a 1-element tensor is taken as its value)
         for key, types in self._STATE_TYPES.items():
             if key not in state_dict:
                 raise KeyError(f"FusedGradScaler.load_state_dict: missing key '{key}'")
@@ -789,8 +817,9 @@ class FusedGradScaler(GradScaler):
                     f"FusedGradScaler.load_state_dict: key '{key}' must be {' or '.join(t.__name__ for t in types)}, "
                     f"got {type(state_dict[key]).__name__}"
                 )
+            values[key] = value
         self._check_extras(state_dict)
-        scale = float(state_dict["scale"])
+        scale = float(values["scale"])
         if not _valid_scale(scale):
             raise ValueError(f"FusedGradScaler.load_state_dict: key 'scale' must be finite and > 0, got {scale}")
         # Within the bounds the scaler has after loading: the checkpoint's, when it carries them.
@@ -801,17 +830,22 @@ class FusedGradScaler(GradScaler):
         problem = _bounds_problem(scale, *bounds)
         if problem is not None:
             raise ValueError(f"FusedGradScaler.load_state_dict: key 'scale' ({scale}) {problem}")
-        for key, low in (("growth_interval", 1), ("_growth_tracker", 0)):
-            if int(state_dict[key]) < low:
-                raise ValueError(
-                    f"FusedGradScaler.load_state_dict: key '{key}' must be >= {low}, got {state_dict[key]}"
-                )
+        interval, tracker = values["growth_interval"], values["_growth_tracker"]
+        if interval < 1:
+            raise ValueError(f"FusedGradScaler.load_state_dict: key 'growth_interval' must be >= 1, got {interval}")
+        # A tracker at or past the interval would never meet it again: the scale would never grow.
+        if not 0 <= tracker < min(interval, _MAX_COUNT):
+            raise ValueError(
+                f"FusedGradScaler.load_state_dict: key '_growth_tracker' must be >= 0 and < growth_interval "
+                f"({interval}; and < 2**31 - 1: it is an int32 count), got {tracker}"
+            )
         for key in ("growth_factor", "backoff_factor"):
-            if not (math.isfinite(float(state_dict[key])) and float(state_dict[key]) > 0):
+            if not (math.isfinite(float(values[key])) and float(values[key]) > 0):
                 raise ValueError(
-                    f"FusedGradScaler.load_state_dict: key '{key}' must be finite and > 0, got {state_dict[key]}"
+                    f"FusedGradScaler.load_state_dict: key '{key}' must be finite and > 0, got {values[key]}"
                 )
-        super().load_state_dict(state_dict)
+        # Everything checked: nothing below raises.
+        super().load_state_dict({**state_dict, **values})
         if "hysteresis" in state_dict:
             self._hysteresis = int(state_dict["hysteresis"])
             self._init_hysteresis_tracker = int(state_dict.get("_hysteresis_tracker", self._hysteresis))
@@ -824,10 +858,20 @@ class FusedGradScaler(GradScaler):
     def _check_extras(state_dict: dict[str, Any]) -> None:
         if "hysteresis" not in state_dict:
             return
-        for key, low in (("hysteresis", 1), ("_hysteresis_tracker", 0)):
-            value = state_dict.get(key, 1)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"FusedGradScaler.load_state_dict: key '{key}' must be an int >= {low}, got {value!r}")
+        hysteresis = state_dict["hysteresis"]
+        if isinstance(hysteresis, bool) or not isinstance(hysteresis, int) or not 1 <= hysteresis <= _MAX_COUNT:
+            raise ValueError(
+                "FusedGradScaler.load_state_dict: key 'hysteresis' must be an int >= 1 and < 2**31 (its tracker is "
+                f"an int32 tensor), got {hysteresis!r}"
+            )
+        # The tracker counts the overflows still absorbed: hysteresis after a growth, one less per overflow; above
+        # hysteresis it would absorb more overflows in a row than the scaler is configured for.
+        tracker = state_dict.get("_hysteresis_tracker", hysteresis)
+        if isinstance(tracker, bool) or not isinstance(tracker, int) or not 0 <= tracker <= hysteresis:
+            raise ValueError(
+                "FusedGradScaler.load_state_dict: key '_hysteresis_tracker' must be an int >= 0 and <= hysteresis "
+                f"({hysteresis}), got {tracker!r}"
+            )
         for key in ("min_scale", "max_scale"):
             value = state_dict.get(key)
             ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)

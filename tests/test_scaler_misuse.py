@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+from grad_scaler_common import Stock, drive, key_pattern
 
 from ampkernels import FusedGradScaler, FusedSGD, dispatch, ops
 
@@ -197,3 +198,116 @@ def test_update_scale_refuses_a_scale_that_requires_grad(device, backend):
     with torch.no_grad():
         ops.update_scale_(scale, tracker, _scalar(1.0, device), 2.0, 0.5, 3, backend=backend)
     assert float(scale) == 2.0
+
+
+# ---- FusedGradScaler: counts beyond int32, trackers beyond their range, tensor arguments ----
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("interval", [2**31 - 1, 2**31, 2**40])
+def test_scaler_takes_a_growth_interval_beyond_int32_as_stock_does(device, backend, interval):
+    """FusedGradScaler(growth_interval=2**31) was accepted and every update() then raised; stock takes any int (its
+    int32 growth tracker never reaches one beyond int32: the scale never grows)."""
+    _skip_unless_runs(backend, device, "update_scale_")
+    ours = FusedGradScaler(device, init_scale=8.0, growth_interval=interval, backend=backend)
+    stock = Stock(device, init_scale=8.0, growth_interval=interval)
+    assert drive(ours, device, "..o..") == drive(stock, device, "..o..")
+    assert ours.state_dict() == stock.state_dict()
+    assert ours.get_growth_interval() == interval
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scaler_loads_a_growth_interval_beyond_int32_as_stock_does(device, backend):
+    _skip_unless_runs(backend, device, "update_scale_")
+    sd = Stock(device, init_scale=8.0, growth_interval=3).state_dict()
+    sd["growth_interval"] = 2**40
+    ours, stock = FusedGradScaler(device, backend=backend), Stock(device)
+    ours.load_state_dict(sd)
+    stock.load_state_dict(sd)
+    assert drive(ours, device, "...o...") == drive(stock, device, "...o...")
+    assert ours.state_dict() == stock.state_dict()
+
+
+def test_scaler_refuses_a_hysteresis_beyond_int32_at_construction():
+    """Its tracker is an int32 tensor: hysteresis=2**31 was accepted and the first scale() or update() raised."""
+    with pytest.raises(ValueError, match=key_pattern("hysteresis") + r".*2\*\*31"):
+        FusedGradScaler("cpu", hysteresis=2**31)
+
+
+def _warmed_up(device, **kw) -> FusedGradScaler:
+    scaler = FusedGradScaler(device, **kw)
+    drive(scaler, device, "..o.")
+    return scaler
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("_growth_tracker", 2**40, "< growth_interval"),
+        ("_growth_tracker", 2**31, "< growth_interval"),
+        ("_growth_tracker", 7, "< growth_interval"),  # the scale would never grow again
+        ("_growth_tracker", torch.tensor(2**40), "< growth_interval"),
+        ("hysteresis", 2**31, "< 2**31"),
+        ("_hysteresis_tracker", 4, "<= hysteresis"),  # ten overflows in a row then left the scale alone
+        ("_hysteresis_tracker", 2**40, "<= hysteresis"),
+    ],
+)
+def test_load_state_dict_checks_every_entry_before_loading_any(device, key, value, message):
+    """_growth_tracker=2**40 raised an error that named no key, after the scale and the factors were loaded; a
+    _hysteresis_tracker above hysteresis was loaded, after which no overflow backed off."""
+    sd = _warmed_up(device, init_scale=2.0**9, growth_interval=7, growth_factor=4.0, hysteresis=3).state_dict()
+    sd[key] = value
+    scaler = _warmed_up(device, init_scale=8.0, growth_interval=11, hysteresis=2)
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match=key_pattern(key) + ".*" + re.escape(message)):
+        scaler.load_state_dict(sd)
+    assert scaler.state_dict() == before, "the refused load changed the scaler"
+    assert drive(scaler, device, "o..") == drive(
+        _warmed_up(device, init_scale=8.0, growth_interval=11, hysteresis=2), device, "o.."
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_saved_after_overflows_in_a_row_loads_and_continues(device, backend):
+    """After more overflows in a row than hysteresis, the hysteresis tracker is below 0 (each further overflow backs
+    off): the scaler's own state_dict was refused on load ("_hysteresis_tracker must be >= 0")."""
+    _skip_unless_runs(backend, device, "update_scale_")
+    source = FusedGradScaler(device, init_scale=2.0**12, hysteresis=2, growth_interval=4, backend=backend)
+    drive(source, device, "ooo")
+    copy = FusedGradScaler(device, hysteresis=2, backend=backend)
+    copy.load_state_dict(source.state_dict())
+    assert drive(copy, device, "o.o....o") == drive(source, device, "o.o....o")
+
+
+@pytest.mark.parametrize(
+    "init_scale",
+    [
+        torch.tensor(4.0),
+        torch.tensor(4.0, dtype=torch.float64),
+        torch.tensor(4),
+        torch.tensor(4.0, dtype=torch.float16),
+    ],
+    ids=["float32", "float64", "int64", "float16"],
+)
+def test_scaler_takes_a_tensor_init_scale_as_stock_does(device, init_scale):
+    """FusedGradScaler(init_scale=torch.tensor(4.)) raised ValueError; stock takes a 0-d tensor."""
+    ours, stock = FusedGradScaler(device, init_scale=init_scale), Stock(device, init_scale=init_scale)
+    assert drive(ours, device, ".o..") == drive(stock, device, ".o..")
+    assert ours.state_dict() == stock.state_dict()
+
+
+@pytest.mark.parametrize(
+    "init_scale",
+    [
+        torch.tensor([4.0, 2.0]),
+        torch.tensor(0.0),
+        torch.tensor(float("nan")),
+        torch.tensor(4.0, requires_grad=True),
+        torch.tensor(True),
+        torch.tensor(4.0 + 0j),
+    ],
+    ids=["two elements", "zero", "nan", "requires grad", "bool", "complex"],
+)
+def test_scaler_refuses_a_bad_tensor_init_scale_naming_it(init_scale):
+    with pytest.raises(ValueError, match=key_pattern("init_scale")):
+        FusedGradScaler("cpu", init_scale=init_scale)
