@@ -4,6 +4,7 @@ cannot rot unseen."""
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib.util
 import subprocess
 import sys
@@ -48,10 +49,19 @@ def test_probe_uses_only_public_names(path: Path):
 
 @pytest.mark.parametrize("path", PROBES, ids=lambda p: str(p.relative_to(DEV)))
 def test_probe_imports(path: Path, monkeypatch):
+    """Every probe imports, keeps its work under ``if __name__ == "__main__"``, and the functions that block calls
+    are the module's own callables (an entry point renamed without its call fails here, not on the GPU)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    guards = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert len(guards) == 1, f'{path.relative_to(DEV)}: no `if __name__ == "__main__":` block'
+    called = {c.func.id for c in ast.walk(guards[0]) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
     monkeypatch.chdir(DEV.parent)
     spec = importlib.util.spec_from_file_location(f"dev_probe_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # every probe keeps its work under `if __name__ == "__main__"`
+    spec.loader.exec_module(module)
+    own = {name for name in called if not hasattr(builtins, name)}
+    missing = [name for name in own if not callable(getattr(module, name, None))]
+    assert not missing, f"{path.relative_to(DEV)} calls {missing} under __main__, which it does not define"
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(DEV)))

@@ -60,18 +60,27 @@ def test_every_native_op_has_a_fake(name):
 
 
 def test_matmul_fakes_trace_under_fake_tensors():
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """Under fake tensors the in-place matmul ops return nothing and leave out and amax as they were (fake, same
+    shape and dtype); their fakes refuse a wrong inner dimension as the ops do."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     with FakeTensorMode():
         a = torch.empty(64, 32, dtype=torch.float16, device="cpu")
         b = torch.empty(32, 48, dtype=torch.float16, device="cpu")
         out = torch.empty(64, 48, dtype=torch.float32, device="cpu")
         for name in ("scaled_matmul_wmma_", "scaled_matmul_wgmma_"):
-            getattr(torch.ops.ampkernels, name)(a, b, None, 0, 1.0, None, out, False, None)
+            assert getattr(torch.ops.ampkernels, name)(a, b, None, 0, 1.0, None, out, False, None) is None
+            with pytest.raises(RuntimeError, match="argument 'b': expected 32 rows, got 31"):
+                getattr(torch.ops.ampkernels, name)(a, b[:31], None, 0, 1.0, None, out, False, None)
         a8 = torch.empty(64, 32, dtype=torch.float8_e4m3fn, device="cpu")
         b8 = torch.empty(48, 32, dtype=torch.float8_e4m3fn, device="cpu").t()
         amax = torch.zeros(1, dtype=torch.float32, device="cpu")
-        torch.ops.ampkernels.scaled_matmul_fp8_wgmma_(a8, b8, None, None, None, 0, 1.0, None, out, False, None, amax)
+        op = torch.ops.ampkernels.scaled_matmul_fp8_wgmma_
+        assert op(a8, b8, None, None, None, 0, 1.0, None, out, False, None, amax) is None
+        with pytest.raises(RuntimeError, match="argument 'b': expected 32 rows, got 16"):
+            op(a8, b8[:16], None, None, None, 0, 1.0, None, out, False, None, amax)
+    for t, shape, dtype in ((out, (64, 48), torch.float32), (amax, (1,), torch.float32)):
+        assert isinstance(t, FakeTensor) and t.shape == shape and t.dtype == dtype
 
 
 # ---- the fakes refuse what the ops refuse ----
