@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_optimizers
+from benchmarks import bench_grad_scaler, bench_optimizers
+from benchmarks.common import check_failures
 
 MODULE_ORDER = ("precision", "grad_scaler", "optimizers", "training", "scaled_matmul", "float8")
 TITLES = {
@@ -48,34 +49,61 @@ def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
 
 
+def _has_checks(rows: list[dict[str, Any]]) -> bool:
+    return any("check" in r for r in rows)
+
+
+def _check(row: dict[str, Any]) -> str:
+    check = row.get("check")
+    return "–" if check is None else "**FAILED**" if check.startswith("FAILED") else check
+
+
 def grad_scaler(doc: dict[str, Any]) -> list[str]:
     on_gpu = doc["mode"] == "gpu"
     copy = doc["copy_bandwidth"]["gbs"]
+    rows = bench_grad_scaler.with_best_stock(doc["rows"])
+    checks = _has_checks(rows)
     lines = [
-        "| set | case | implementation | ms | GB/s" + (" (% of copy) | × floor" if on_gpu else "") + " | speedup |",
-        "|---|---|---|---:|---:|" + ("---:|" if on_gpu else "") + "---:|",
+        "| set | case | implementation | ms | GB/s"
+        + (" (% of copy) | × floor" if on_gpu else "")
+        + " | vs stock | vs best stock |"
+        + (" check |" if checks else ""),
+        "|---|---|---|---:|---:|" + ("---:|" if on_gpu else "") + "---:|---:|" + ("---|" if checks else ""),
     ]
-    for r in doc["rows"]:
+    for r in rows:
         rate = f"{r['gbs']:.0f} ({r['gbs'] / copy:.0%}) | {r['x_floor']:.2f}" if on_gpu else f"{r['gbs']:.0f}"
         lines.append(
             f"| {r['set']} | {r['case']} | {r['label']} | {_ms(r['wall_ms'])} | {rate} | "
-            f"{_speedup(r['speedup_over_stock'])} |"
+            f"{_speedup(r['speedup_over_stock'])} | {_speedup(r['speedup_over_best_stock'])} |"
+            + (f" {_check(r)} |" if checks else "")
         )
+    lines += [
+        "",
+        "vs stock: against `torch.amp.GradScaler` with torch's fused AdamW (the standard recipe); vs best stock: "
+        "against the fastest stock recipe of the case run the same way (eager rows: the standard recipe or the best "
+        "sync-free assembly of stock parts; CUDA-graph rows: that assembly captured in a CUDA graph).",
+    ]
     return lines
 
 
 def optimizers(doc: dict[str, Any]) -> list[str]:
     on_gpu = doc["mode"] == "gpu"
     copy = doc["copy_bandwidth"]["gbs"]
+    checks = _has_checks(doc["rows"])
     lines = [
-        "| set | implementation | ms | GB/s" + (" | % of copy" if on_gpu else "") + " | speedup |",
-        "|---|---|---:|---:|" + ("---:|" if on_gpu else "") + "---:|",
+        "| set | implementation | ms | GB/s"
+        + (" | % of copy" if on_gpu else "")
+        + " | speedup |"
+        + (" check |" * checks),
+        "|---|---|---:|---:|" + ("---:|" if on_gpu else "") + "---:|" + ("---|" * checks),
     ]
     for r in doc["rows"]:
         rate = f"{r['gbs']:.0f} | {r['gbs'] / copy:.0%}" if on_gpu else f"{r['gbs']:.0f}"
         speedup = _speedup(r["speedup_over_stock"])
-        lines.append(f"| {r['set']} | {r['label']} | {_ms(r['wall_ms'])} | {rate} | {speedup} |")
-    return lines + bench_optimizers.markdown(doc)  # the low-precision state and training-memory tables, when run
+        check = f" {_check(r)} |" if checks else ""
+        lines.append(f"| {r['set']} | {r['label']} | {_ms(r['wall_ms'])} | {rate} | {speedup} |{check}")
+    extra = bench_optimizers.markdown(doc)  # the low-precision state and training-memory tables, when run
+    return lines + ([""] + extra if extra else [])
 
 
 def training(doc: dict[str, Any]) -> list[str]:
@@ -107,13 +135,15 @@ def scaled_matmul(doc: dict[str, Any]) -> list[str]:
     names = list(dict.fromkeys(r["implementation"] for r in doc["rows"]))
     ours = [name for name in names if name not in ("cublas_mm", "cublas_then_scale")]
     labels = {name: next(r["label"] for r in doc["rows"] if r["implementation"] == name) for name in names}
+    checks = _has_checks(doc["rows"])
     lines = [
         "| dtype | M×N×K layout | "
         + " | ".join(labels[name] for name in ("cublas_mm", "cublas_then_scale"))
         + " | "
-        + " | ".join(f"{labels[name]} (× mm, × mm+scale)" for name in ours)
-        + " |",
-        "|---|---|" + "---:|" * len(names),
+        + " | ".join(f"{labels[name]} (× mm+scale, × mm)" for name in ours)
+        + " |"
+        + (" check |" if checks else ""),
+        "|---|---|" + "---:|" * len(names) + ("---|" if checks else ""),
     ]
     cases: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for r in doc["rows"]:
@@ -121,20 +151,26 @@ def scaled_matmul(doc: dict[str, Any]) -> list[str]:
     for (dtype, case), by in cases.items():
         cells = [f"{by[name]['tflops']:.0f}" for name in ("cublas_mm", "cublas_then_scale")]
         cells += [
-            f"{by[name]['tflops']:.0f} ({by[name]['vs_cublas_mm']:.2f}, {by[name]['vs_cublas_then_scale']:.2f})"
+            f"{by[name]['tflops']:.0f} ({by[name]['vs_cublas_then_scale']:.2f}, {by[name]['vs_cublas_mm']:.2f})"
             if name in by
             else "–"
             for name in ours
         ]
+        if checks:
+            failed = [labels[name] for name in ours if name in by and _check(by[name]) == "**FAILED**"]
+            cells.append("**FAILED**: " + ", ".join(failed) if failed else "ok")
         lines.append(f"| {DTYPES.get(dtype, dtype)} | {case} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("TFLOP/s; in brackets the ratio to cuBLAS mm alone and to cuBLAS mm then `* scale`.")
+    lines.append(
+        "TFLOP/s; in brackets the ratio to cuBLAS mm then `* scale` (the standard stock recipe of a scaled product) "
+        "and to cuBLAS mm alone (the fastest stock call, which does not scale)."
+    )
     lines.append("")
     for s in doc["summary"]:
         lines.append(
             f"- geomean over {s['cases']} {s['dtype']} cases, {labels.get(s['implementation'], s['implementation'])}: "
-            f"{s['geomean_vs_cublas_mm']:.2f}× cuBLAS mm (min {s['min_vs_cublas_mm']:.2f}), "
-            f"{s['geomean_vs_cublas_then_scale']:.2f}× mm+scale"
+            f"{s['geomean_vs_cublas_then_scale']:.2f}× mm+scale, {s['geomean_vs_cublas_mm']:.2f}× cuBLAS mm "
+            f"(min {s['min_vs_cublas_mm']:.2f})"
         )
     return lines
 
@@ -181,36 +217,49 @@ def float8(doc: dict[str, Any]) -> list[str]:
         f"Llama-style stack (dim {c['dim']}, {c['layers']} blocks, ffn {c['ffn']}, vocab {c['vocab']}), batch "
         f"{stack['batch'][0]} × {stack['batch'][1]}, bf16 autocast; torchao {stack['torchao'] or 'not installed'}:",
         "",
-        "| variant | ms/step | × stock bf16 eager | peak GiB | first step s |",
-        "|---|---:|---:|---:|---:|",
+        "| variant | ms/step | × stock bf16 eager | peak GiB | first step s |"
+        + (" loss gap to stock bf16 | check |" if _has_checks(stack["rows"]) else ""),
+        "|---|---:|---:|---:|---:|" + ("---:|---|" if _has_checks(stack["rows"]) else ""),
     ]
     for r in stack["rows"]:
+        extra = ""
+        if _has_checks(stack["rows"]):
+            gap = r.get("max_loss_gap_vs_bf16_eager")
+            extra = f" {'–' if gap is None else f'{gap:.2%}'} | {_check(r)} |"
         if "ms" not in r:
-            lines.append(f"| {r['label']} | skipped: {r.get('skipped', '')[:80]} | | | |")
+            lines.append(f"| {r['label']} | skipped: {r.get('skipped', '')[:80]} | | | |" + (" | |" if extra else ""))
             continue
         peak = "–" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
         lines.append(
             f"| {r['label']} | {r['ms']:.1f} | {_speedup(r.get('speedup_over_bf16_eager'))} | {peak} | "
-            f"{r['first_step_s']:.1f} |"
+            f"{r['first_step_s']:.1f} |{extra}"
         )
     on_gpu = doc["mode"] == "gpu"
     lines += [
         "",
-        "| op | shape | pass | torch, timed as | torch ms | ampkernels ms | × torch |",
-        "|---|---|---|---|---:|---:|---:|",
+        "| op | shape | pass | torch, timed as | torch ms | ampkernels ms | × torch |"
+        + (" check |" if _has_checks(doc["fused"]) else ""),
+        "|---|---|---|---|---:|---:|---:|" + ("---|" if _has_checks(doc["fused"]) else ""),
     ]
     for r in doc["fused"]:
         # Runs before torch_code was recorded timed the LlamaStack's own code for every op.
         code = r.get("torch_code", "the model's own code")
         lines.append(
             f"| {r['op']} | {r['shape']} | {r['pass']} | {code} | {_ms(r['torch_ms'])} | {_ms(r['ms'])} | "
-            f"{_speedup(r['speedup_over_torch'])} |"
+            f"{_speedup(r['speedup_over_torch'])} |" + (f" {_check(r)} |" if _has_checks(doc["fused"]) else "")
         )
-    lines += ["", "| shape | cast | ms | GB/s" + (" (% of copy)" if on_gpu else "") + " | × torch |"]
-    lines.append("|---|---|---:|---:|---:|")
+    cast_checks = _has_checks(doc["casts"])
+    lines += [
+        "",
+        "| shape | cast | ms | GB/s" + (" (% of copy)" if on_gpu else "") + " | × torch |" + (" check |" * cast_checks),
+    ]
+    lines.append("|---|---|---:|---:|---:|" + ("---|" * cast_checks))
     for r in doc["casts"]:
         rate = f"{r['gbs']:.0f} ({r['pct_of_copy']:.0f}%)" if on_gpu else f"{r['gbs']:.0f}"
-        lines.append(f"| {r['shape']} | {r['label']} | {_ms(r['ms'])} | {rate} | {_speedup(r['speedup_over_torch'])} |")
+        check = f" {_check(r)} |" if cast_checks else ""
+        lines.append(
+            f"| {r['shape']} | {r['label']} | {_ms(r['ms'])} | {rate} | {_speedup(r['speedup_over_torch'])} |{check}"
+        )
     lines.append("")
     for r in doc["gemms"]:
         if r["shape"].startswith("geomean") and r["vs_scaled_mm"] is not None:
@@ -247,6 +296,31 @@ def _machine(doc: dict[str, Any]) -> str:
     )
 
 
+# The modules that compare what they timed with stock's (a ``check`` field in their rows).
+CHECKED_MODULES = ("grad_scaler", "optimizers", "scaled_matmul", "float8", "models")
+UNCHECKED = (
+    "this run predates the benchmarks' comparison of what they timed with stock's after the timed loops (the "
+    "`check` field); `python -m benchmarks` now records it and exits with status 1 when one fails"
+)
+
+
+def _any_check(node: Any) -> bool:
+    if isinstance(node, dict):
+        return "check" in node or any(_any_check(value) for value in node.values())
+    return isinstance(node, list) and any(_any_check(value) for value in node)
+
+
+def _separate_tables(lines: list[str]) -> list[str]:
+    """``lines`` with a blank line between a table and a line of text glued under it (which markdown would read as
+    one more row of the table)."""
+    out: list[str] = []
+    for line in lines:
+        if out and out[-1].startswith("|") and line and not line.startswith("|"):
+            out.append("")
+        out.append(line)
+    return out
+
+
 def render(folder: Path, relative_to: Path | None = None) -> str:
     """The whole markdown document for the JSON (and PNG) files in ``folder``; links relative to ``relative_to``
     (default: the folder's parent, where ``benchmarks/README.md`` lives)."""
@@ -274,11 +348,17 @@ def render(folder: Path, relative_to: Path | None = None) -> str:
             lines += [""] + [f"- {note}" for note in notes]
         warnings = doc.get("warnings", [])
         lines += [""] + [f"- {warning}" for warning in warnings] if warnings else []
+        failures = check_failures(doc)
+        if failures:
+            lines += ["", "**FAILED CHECKS**: these timed results differ from stock's; their figures mean nothing:", ""]
+            lines += [f"- {failure}" for failure in failures]
+        elif name in CHECKED_MODULES and not _any_check(doc):
+            lines += ["", f"- checks: none recorded: {UNCHECKED}"]
         png = path.with_suffix(".png")
         if png.exists():
             lines += ["", f"![{name}]({Path(os.path.relpath(png, relative_to)).as_posix()})"]
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(_separate_tables(lines))
 
 
 def redraw(folder: Path) -> list[Path]:
