@@ -168,6 +168,12 @@ def test_runner_smoke(tmp_path, capsys):
     assert all(row["wall_ms"] > 0 and row["x_floor"] > 0 and row["repeats"] == 3 for row in rows)
     assert [row["speedup_over_stock"] is None for row in rows] == [False] * 4 + [True] + [False] * len(phase)
     assert all(row["speedup_over_stock"] == 1.0 for row in rows if row["implementation"] == "stock")
+    # What was timed was checked against stock after the loops: ours "ok", stock (the yardstick) unchecked.
+    stock_recipes = bench_grad_scaler.STOCK_RECIPES
+    assert all((row["check"] is None) == (row["implementation"] in stock_recipes) for row in rows)
+    assert all(row["check"] == "ok" for row in rows if row["implementation"] not in stock_recipes)
+    best = [row["speedup_over_best_stock"] for row in rows if row["implementation"] == "ampkernels+FusedAdamW"]
+    assert best and all(ratio > 0 for ratio in best)
     table = bench_grad_scaler.report(document)
     assert "many-small" in table
     if on_cpu:  # cache-resident sizes: no copy-bandwidth figures, and no GPU wording
@@ -268,6 +274,8 @@ def test_optimizers_benchmark_smoke(tmp_path, monkeypatch):
     assert [row["implementation"] for row in rows] == ["stock-fused", "stock-foreach", "ampkernels"]
     assert all(row["wall_ms"] > 0 and 0 < row["pct_of_copy"] and row["num_tensors"] == 10_000 // 64 for row in rows)
     assert rows[0]["speedup_over_stock"] == 1.0
+    assert [row["check"] for row in rows] == [None, None, "ok"]
+    assert all(error["steps"] > 0 for error in document["param_sets"]["many-small"]["trajectory_error"].values())
     table = bench_optimizers.report(document)
     assert "many-small" in table
     if document["mode"] == "cpu-small":
@@ -285,6 +293,7 @@ def test_optimizers_benchmark_smoke(tmp_path, monkeypatch):
     assert section["warnings"] == []
     by = {row["key"]: row for row in section["rows"]}
     assert all(row["wall_ms"] > 0 and row["first_step_ms"] > 0 and row["vs_torchao"] is None for row in by.values())
+    assert all(row["check"] == ("ok" if row["family"] == "ampkernels" else None) for row in by.values())
     assert by["torch-fp32"]["vs_torch_fp32"] == 1.0
     assert (by["torch-fp32"]["bytes_per_param"], by["torch-bf16"]["bytes_per_param"]) == (28, 14)
     assert by["ampkernels-bf16-master"]["state_bytes_per_param"] == 12
@@ -335,6 +344,12 @@ def test_float8_benchmark_smoke(tmp_path):
     expected = {"bf16-eager", "bf16-fused-eager"} | {f"fp8-{recipe}-eager" for recipe in bench_float8.RECIPES}
     assert set(stack) == expected
     assert all("ms" in row and row["losses_finite"] for row in stack.values()), stack
+    # Every ampkernels row's losses within 1% of stock bf16 eager's; the FP8 rows took the FP8 path (their losses
+    # differ from the bf16 ones: on the CPU the tiny stack's Linears are converted whatever their size).
+    assert all(row["check"] == (None if row["stock"] else "ok") for row in stack.values())
+    assert stack["fp8-tensorwise-eager"]["losses"] != stack["bf16-fused-eager"]["losses"]
+    checked = document["casts"] + document["fused"] + document["gemms"]
+    assert all(row.get("check") in (None, "ok") for row in checked) and any(row.get("check") == "ok" for row in checked)
     report = bench_float8.report(document)
     assert "LlamaStack training step" in report and "One layer" in report and "Fused RMSNorm" in report
     from benchmarks import report as published  # the published table names the torch code each row was timed as
