@@ -16,6 +16,9 @@ Per parameter set, on the same tensors in the same run:
      ``torch._amp_update_scale_`` — eager and captured in a CUDA graph;
    - ampkernels: ``clip_grad_norm_`` + ``step`` + ``update`` with torch's fused AdamW, and with
      ``ampkernels.FusedAdamW`` eager and captured in a CUDA graph.
+
+Each ampkernels row's ratio is given against the standard stock recipe and against the best stock recipe run the same
+way (``best_stock``), and its results are checked against stock's after the timed loops (``CHECK_NOTE``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ are skipped, and the report says so).
 
 Peak memory of a whole training step (forward, backward, optimizer step) of ``benchmarks.models.LlamaStack`` with
 each ampkernels option and torch's fused AdamW (``MEMORY_OPTIONS``), bf16 autocast where the parameters are fp32.
+
+After the timed loops each ampkernels row is checked (``CHECK_NOTE``, ``LOW_PRECISION_CHECK_NOTE``): its state
+against the exact trajectory and torch's, and one more step against torch's fused step or the reference.
 """
 
 from __future__ import annotations

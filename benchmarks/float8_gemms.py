@@ -1,7 +1,7 @@
-"""The FP8 GEMMs of issue 18, TFLOP/s, against ``torch._scaled_mm`` and bf16 cuBLAS in the same run (called by
-``benchmarks/bench_float8.py``; not a module of its own).
+"""The FP8 GEMMs on six training shapes, TFLOP/s, against ``torch._scaled_mm`` and bf16 cuBLAS in the same run
+(called by ``benchmarks/bench_float8.py``; not a module of its own).
 
-Per M×N×K shape (the six training shapes of the issue), on the same operands (a = x8 [M, K] row-major, b = w8.t()
+Per M×N×K shape (``SHAPES``), on the same operands (a = x8 [M, K] row-major, b = w8.t()
 with w8 [N, K] contiguous: the forward GEMM's layout, the only one cuBLAS's fp8 GEMM takes):
 
 * bf16 cuBLAS ``torch.mm`` (the ceiling FP8 has to beat);
@@ -36,7 +36,7 @@ from benchmarks.common import (
     time_interleaved,
 )
 
-#: M x N x K (issue 18): square; the Llama-style MLP's up (d 2048 -> 8192) and down; attention; BERT-sized.
+#: M x N x K: square; the Llama-style MLP's up (d 2048 -> 8192) and down; attention; BERT-sized.
 SHAPES = (
     (8192, 8192, 8192),
     (16384, 2048, 8192),
