@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from benchmarks.common import RunContext, check_failures, check_result, failure_
 from benchmarks.param_sets import PARAM_SETS, make_params
 
 SHAPES = [(64, 32), (7,), (3, 5)]
+PUBLISHED = Path(__file__).resolve().parents[1] / "benchmarks" / "published"
 
 
 def _optimizers(seed: int = 0):
@@ -338,3 +340,49 @@ def test_float8_fused_and_gemm_checks():
     assert checks[(float8_gemms.SCALED_MM, "tensorwise")]["check"] is None
     assert checks[("ampkernels torch", "tensorwise")]["check"] == "ok"
     assert checks[("ampkernels wrong", "tensorwise")]["check"].startswith("FAILED: relative error 2.0")
+
+
+# ---- the generated results page and plots ----
+
+
+def test_published_page_puts_a_blank_line_between_a_table_and_its_caption():
+    """Markdown reads a line of text glued under a table as one more row of it."""
+    from benchmarks import report
+
+    lines = report.render(PUBLISHED).splitlines()
+    glued = [b for a, b in zip(lines, lines[1:]) if a.startswith("|") and b and not b.startswith("|")]
+    assert not glued, glued
+    assert report._separate_tables(["| a |", "caption", "", "| b |", "| c |"]) == [
+        "| a |",
+        "",
+        "caption",
+        "",
+        "| b |",
+        "| c |",
+    ]
+
+
+def test_cpu_matmul_plot_is_log_scale_and_says_it_is_no_speed_claim(monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(
+        bench_scaled_matmul, "plot_grouped_bars", lambda *args, **kwargs: drawn.update(a=args, k=kwargs)
+    )
+    rows = [
+        {"dtype": "float16", "case": "64x64x64 nn", "implementation": name, "tflops": value}
+        for name, value in (("cublas_mm", 1e-3), ("triton", 1e-6))
+    ]
+    bench_scaled_matmul.plot({"mode": "cpu-small", "rows": rows}, None, "title")
+    assert drawn["k"]["log_scale"] and bench_scaled_matmul.CPU_PLOT_CAVEAT in drawn["a"][1]
+    assert "not a speed claim" in bench_scaled_matmul.CPU_PLOT_CAVEAT
+    bench_scaled_matmul.plot({"mode": "gpu", "rows": rows}, None, "title")
+    assert not drawn["k"]["log_scale"] and drawn["a"][1] == "title"
+
+
+def test_float8_plot_labels_wrap(monkeypatch):
+    """The published stack plot's 12 labels wrap to 14 characters a line (they overlapped on one line)."""
+    drawn = {}
+    published = json.loads((PUBLISHED / "float8_nvidia-h200.json").read_text())
+    monkeypatch.setattr(bench_float8, "plot_grouped_bars", lambda *args, **kwargs: drawn.update(a=args) or True)
+    assert bench_float8.plot(published, None, "title")
+    ((groups, _),) = drawn["a"][2].values()
+    assert len(groups) == 12 and max(len(line) for label in groups for line in label.split("\n")) <= 14
