@@ -21,7 +21,10 @@ A step: zero_grad, forward under autocast, backward, clip to max_norm 1.0, AdamW
 - ``bf16-stock`` / ``bf16-ampkernels``: bf16 autocast, no scaler;
 - ``fp8-ampkernels`` (transformer models): ``convert_to_float8(model, "tensorwise")`` + bf16 autocast +
   ``FusedAdamW``, against ``bf16-stock``;
-- ``bf16-ampkernels-8bit`` (``llama-1b``): ``FusedAdamW`` with 8-bit moments, against ``bf16-stock``.
+- ``bf16-ampkernels-8bit`` (``llama-1b``): ``FusedAdamW`` with 8-bit moments, against ``bf16-stock``;
+- ``stock-trainer`` / ``ampkernels-trainer`` (``bert-base``), ``stock-accelerate`` / ``ampkernels-accelerate`` and
+  ``stock-lightning`` / ``ampkernels-lightning`` (``gpt2``): fp16 training through Hugging Face ``Trainer``,
+  Accelerate and Lightning, stock against ``ampkernels.integrations`` (:mod:`benchmarks.zoo_frameworks`).
 
 Method: the two recipes compared with each other (stock and ampkernels of one precision, eager or graphed) live side
 by side and are timed alternately, repeat by repeat, so that clock and host drift fall on both alike. Every recipe of
@@ -54,6 +57,7 @@ from torch.nn import functional as F
 
 import ampkernels
 from ampkernels import FusedGradScaler, capture_step
+from benchmarks import zoo_frameworks
 from benchmarks.common import RunContext, format_table, free_device_memory, plot_grouped_bars, synchronize
 
 NAME = "models"
@@ -81,6 +85,7 @@ class Recipe:
     float8: bool = False
     moments: str | None = None  # FusedAdamW's exp_avg_dtype / exp_avg_sq_dtype
     baseline: str | None = None  # the stock recipe its ratio and loss are taken against
+    framework: str | None = None  # trained through this framework (benchmarks.zoo_frameworks), not our loop
 
     @property
     def stock(self) -> bool:
@@ -96,13 +101,23 @@ RECIPES = (
     Recipe("bf16-ampkernels", "ampkernels", torch.bfloat16, baseline="bf16-stock"),
     Recipe("fp8-ampkernels", "ampkernels", torch.bfloat16, float8=True, baseline="bf16-stock"),
     Recipe("bf16-ampkernels-8bit", "ampkernels", torch.bfloat16, moments="8bit", baseline="bf16-stock"),
+    *(
+        recipe
+        for fw in zoo_frameworks.FRAMEWORKS
+        for recipe in (
+            Recipe(f"stock-{fw}", "stock", torch.float16, framework=fw),
+            Recipe(f"ampkernels-{fw}", "ampkernels", torch.float16, baseline=f"stock-{fw}", framework=fw),
+        )
+    ),
 )
 BY_NAME = {recipe.name: recipe for recipe in RECIPES}
 CPU_RECIPES = ("bf16-stock", "bf16-ampkernels")
 CPU_FULL_RECIPES = CPU_RECIPES + ("fp8-ampkernels", "bf16-ampkernels-8bit")
+CPU_FULL_RECIPES += tuple(r.name for r in RECIPES if r.framework)
 # The recipes timed side by side (alternating repeats); the others are timed alone and compared with their baseline.
 PAIRS = (("fp16-stock", "fp16-ampkernels"), ("fp16-stock-graphed", "fp16-ampkernels-graphed"))
 PAIRS += (("bf16-stock", "bf16-ampkernels"),)
+PAIRS += tuple((f"stock-{fw}", f"ampkernels-{fw}") for fw in zoo_frameworks.FRAMEWORKS)
 
 
 # ---- models ----
@@ -275,6 +290,7 @@ def _recipes_of(name: str, ctx: RunContext) -> list[Recipe]:
         names = [r.name for r in RECIPES] if ctx.full or ctx.models else DEFAULT_RECIPES
     recipes = [BY_NAME[n] for n in names]
     recipes = [r for r in recipes if not r.float8 or name in TRANSFORMERS]
+    recipes = [r for r in recipes if r.framework is None or zoo_frameworks.FRAMEWORKS[r.framework][0] == name]
     return [r for r in recipes if r.moments is None or name == "llama-1b"]
 
 
@@ -409,6 +425,8 @@ def _row(name: str, live: _Live) -> dict[str, Any]:
 
 def _time_group(name: str, recipes: list[Recipe], ctx: RunContext, iterations: int | None) -> tuple[list, int]:
     """Builds ``recipes`` side by side, times them alternately; the rows and the iteration count used."""
+    if recipes[0].framework is not None:  # the framework runs its own loop: one recipe after the other
+        return [_framework_row(name, recipe, ctx) for recipe in recipes], iterations
     lives = []
     try:
         for recipe in recipes:
@@ -427,6 +445,18 @@ def _time_group(name: str, recipes: list[Recipe], ctx: RunContext, iterations: i
     finally:
         del lives
         free_device_memory(ctx.device)
+
+
+def _framework_row(name: str, recipe: Recipe, ctx: RunContext) -> dict[str, Any]:
+    framework = recipe.framework
+    reason = zoo_frameworks.why_not(framework)
+    if reason is not None:
+        return {"model": name, "recipe": recipe.name, "error": f"skipped: {reason}"}
+    row = zoo_frameworks.time_framework(
+        framework, lambda: MODELS[name][0](ctx.cpu_small), ctx.device, ours=not recipe.stock
+    )
+    free_device_memory(ctx.device)
+    return {"model": name, "recipe": recipe.name, **row}
 
 
 def _groups(recipes: list[Recipe]) -> list[list[Recipe]]:
@@ -546,7 +576,8 @@ def _geomean(values: list[float]) -> float | None:
 
 def summary(document: dict[str, Any]) -> list[str]:
     lines = []
-    for recipe in ("fp16-ampkernels", "fp16-ampkernels-graphed", "bf16-ampkernels", "fp8-ampkernels"):
+    ours = ("fp16-ampkernels", "fp16-ampkernels-graphed", "bf16-ampkernels", "fp8-ampkernels", "bf16-ampkernels-8bit")
+    for recipe in ours + tuple(f"ampkernels-{fw}" for fw in zoo_frameworks.FRAMEWORKS):
         rows = [r for r in document["rows"] if r["recipe"] == recipe and "speedup_over_stock" in r]
         if not rows:
             continue
