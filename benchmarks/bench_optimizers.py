@@ -257,7 +257,9 @@ def run(ctx) -> dict[str, Any]:
 FP32_TOL = dict(rtol=1e-5, atol=1e-6)
 #: Low-precision states against the reference step (tests/test_blockwise_adam.py, close() and assert_state_matches).
 BF16_TOL, FP32_BLOCKWISE_TOL = dict(rtol=2**-7, atol=1e-6), dict(rtol=1e-5, atol=1e-7)
-CODES_DIFFERING = 0.01  # at most this share of 8-bit/4-bit codes (or block exponents) one step apart on a GPU
+# At most this share of the 8-bit/4-bit codes (and of the block exponents) may differ on a GPU, where FMA contraction
+# moves a float32 moment by an ulp and, rarely, a code or a block's exponent across a rounding boundary.
+CODES_DIFFERING = 0.01
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MAX_PROBLEMS = 3  # per check: the first few problems in full, then how many more
 CHECK_NOTE = (
@@ -272,7 +274,7 @@ LOW_PRECISION_CHECK_NOTE = (
     "check (ampkernels rows), after the timed loops: every step count equals the steps taken, and one more step "
     "from the state each option reached matches the reference step (FusedAdamW(backend='torch') loaded with that "
     "state) as tests/test_blockwise_adam.py does: bit for bit on the CPU; on a GPU float32 values within rtol "
-    "1e-5, bfloat16 within rtol 2^-7, at most 1% of the 8-bit/4-bit codes and block exponents one code apart"
+    "1e-5, bfloat16 within rtol 2^-7, at most 1% of the 8-bit/4-bit codes and of the block exponents different"
 )
 
 
