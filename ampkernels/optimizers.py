@@ -150,25 +150,35 @@ class _Bucket:
     backend: str
     watch: list[torch.Tensor] = field(default_factory=list)  # params of the group without a gradient at build time
     table: Any = None  # ampkernels._C.OptimizerTable (native) or ampkernels.triton.optimizers.StepTable (triton)
-    # With master weights: each parameter's version counter when its master was last in sync with it. A write into
-    # the parameter from outside (model.load_state_dict, an in-place copy_ under no_grad) bumps the counter; the
-    # next step then takes the parameter as the truth and copies it into the master first.
-    versions: list[int] = field(default_factory=list)
+    # With master weights: each parameter's storage address and version counter when its master was last in sync
+    # with it. A write into the parameter from outside (model.load_state_dict, an in-place copy_ under no_grad)
+    # bumps the counter, and ``p.data = t`` moves the storage; the next step then takes the parameter as the truth
+    # and copies it into the master first.
+    versions: list[tuple[int, int]] = field(default_factory=list)
     # The blockwise step: per parameter (first format, second format, row length, salt, shard offset).
     layout: list[tuple[int, int, int, int, int]] | None = None
     # DTensor (or FP8-all-gather) parameters whose local tensors are ``params``: their gradients (shards) are handed
     # over every step.
     sources: list[torch.Tensor] | None = None
+    # The shapes of ``params`` the state was made for (``p.data = t`` can change them).
+    shapes: list[torch.Size] = field(default_factory=list)
 
     @property
     def masters(self) -> list[torch.Tensor]:
         return self.lists[_MASTER_ROW[len(self.lists)]]
 
-    def param_versions(self) -> list[int]:
-        """The version counters of the parameters as the model holds them: a write into an FSDP2 parameter (a
-        DTensor's ``copy_``, as ``model.load_state_dict`` does) or an FP8-all-gather wrapper bumps that tensor's
-        counter, not the one of the local tensor inside it that the kernels step."""
-        return [p._version for p in (self.params if self.sources is None else self.sources)]
+    def param_versions(self) -> list[tuple[int, int]]:
+        """(storage address, version counter) of each parameter as the model holds it: a write into an FSDP2
+        parameter (a DTensor's ``copy_``, as ``model.load_state_dict`` does) or an FP8-all-gather wrapper bumps that
+        tensor's counter, not the one of the local tensor inside it that the kernels step; ``p.data = t`` bumps no
+        counter but moves the storage."""
+        if self.sources is None:
+            return [(p.data_ptr(), p._version) for p in self.params]
+        return [(_local(p).data_ptr(), p._version) for p in self.sources]
+
+    def sources_or_params(self) -> list[torch.Tensor]:
+        """The parameters as the optimizer's param groups hold them."""
+        return self.params if self.sources is None else self.sources
 
     def hand_over_gradients(self) -> bool:
         """False (nothing handed over) when a parameter has another local tensor than the bucket steps: FSDP2 gives
@@ -180,10 +190,12 @@ class _Bucket:
         return True
 
     def still_valid(self) -> bool:
-        """For the Python backends: the gradients are where the bucket was built for (native: checked in C++)."""
-        return all(p.grad is not None and p.grad.dtype == self.grad_dtype for p in self.params) and all(
-            p.grad is None for p in self.watch
-        )
+        """For the Python backends: the gradients are where the bucket was built for, and the parameters have the
+        shapes their state was made for (native: checked in C++, which sees any new parameter storage)."""
+        return all(
+            p.grad is not None and p.grad.dtype == self.grad_dtype and p.shape == shape
+            for p, shape in zip(self.params, self.shapes, strict=True)
+        ) and all(p.grad is None for p in self.watch)
 
 
 @dataclass
@@ -209,6 +221,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         dispatch.check_backend(self._KIND, backend)
         self._requested_backend = backend
         self._plans: dict[int, _Plan] = {}
+        # id(parameter) -> (storage address, version counter) when its master copy was last in sync with it; kept
+        # apart from the plans, which are rebuilt, so that a rebuilt plan still sees a parameter written before.
+        self._master_synced: dict[int, tuple[int, int]] = {}
         super().__init__(params, defaults)
 
     # ---- construction checks ----
@@ -241,9 +256,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Copy every parameter into its float32 master copy (``master_weights=True``).
 
         Loads that bump a parameter's version counter (``model.load_state_dict``, ``p.copy_(x)`` under
-        ``torch.no_grad()``) are detected and resynced by the next step. A write through ``p.data`` (for example
-        ``p.data.copy_(x)``) bypasses the counter: call this after it, or the next step overwrites the parameter
-        with the stale master.
+        ``torch.no_grad()``) or give it new storage (``p.data = t``) are detected and resynced by the next step. A
+        write into ``p.data`` in place (for example ``p.data.copy_(x)``) bypasses both: call this after it, or the
+        next step overwrites the parameter with the stale master.
         """
         with torch.no_grad():
             for group in self.param_groups:
@@ -251,15 +266,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     master = self.state.get(p, {}).get("master_param")
                     if master is not None:
                         master.copy_(_local(p))
+        self._master_synced.clear()  # (the next plan records the parameters as they are now)
         for plan in self._plans.values():
             for bucket in plan.buckets:
                 if bucket.versions:
-                    bucket.versions = bucket.param_versions()
+                    self._record_synced(bucket, bucket.param_versions())
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch.optim.Optimizer keeps defaults, state and param_groups only: deepcopy, pickle and torch.save would
+        # drop the backend the optimizer was built for.
+        state = super().__getstate__()
+        state["_requested_backend"] = self._requested_backend
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("_requested_backend", None)
         self._plans = {}
+        self._master_synced = {}
         for group in self.param_groups:  # groups from torch's state_dicts lack our keys
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
@@ -303,6 +327,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                         self.state[p][key] = value.to(_local(p).device)
                 self._decode_loaded(self.state[p], entry, group, p)
         self._plans.clear()
+        self._master_synced.clear()  # loaded masters are the truth
 
     #: Param-group options that say how the state is stored (kept by load_state_dict).
     _STORAGE_OPTIONS: tuple[str, ...] = ()
@@ -541,6 +566,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 )
             if _is_dtensor(p) != _is_dtensor(g):
                 raise RuntimeError(f"{name}: parameter {i} of param group {index}: a DTensor and a plain tensor")
+            self._check_state_shapes(p, i, index)
             with_grad.append(p)
 
         grouped: dict[tuple, list[torch.Tensor]] = {}
@@ -558,11 +584,19 @@ class _FusedOptimizer(torch.optim.Optimizer):
             locals_ = [_local(p) for p in params]
             # Only the first bucket watches the group's gradient-less params: one check per step is enough.
             bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch if not buckets else [])
+            bucket.shapes = [x.shape for x in locals_]
             if wrapped:
                 bucket.sources = params
                 bucket.hand_over_gradients()
-            if bucket.masters:  # master weights: created from (or loaded for) the parameters as they are now
-                bucket.versions = bucket.param_versions()
+            if bucket.masters:
+                # Master weights created from (or loaded for) the parameters as they are now, or kept from an
+                # earlier plan: those of parameters written since (``p.data = t`` before an option changed, or in a
+                # bucket after the one found stale) are copied from the parameters first.
+                versions = bucket.param_versions()
+                for p, master, version in zip(params, bucket.masters, versions, strict=True):
+                    if self._master_synced.get(id(p), version) != version:
+                        master.copy_(_local(p))
+                self._record_synced(bucket, versions)
             if blockwise:
                 # The rounding stream's salt: each parameter's index in the optimizer, the same on every rank.
                 salt = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
@@ -584,6 +618,32 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     bucket.table = triton_optimizers.StepTable(self._KIND, locals_, lists)
             buckets.append(bucket)
         return _Plan(tuple(group["params"]), self._options(group), buckets)
+
+    def _check_state_shapes(self, p: torch.Tensor, i: int, index: int) -> None:
+        """The state of parameter ``i`` of param group ``index`` has the shapes the parameter's (local) shape gives
+        it: a parameter given another shape since (``p.data = t``) is refused naming it, before its state is read
+        (a float state of another shape could even broadcast into it)."""
+        state = self.state.get(p)
+        if not state:
+            return
+        local = _local(p)
+        for key, value in state.items():
+            if key == "step" or not isinstance(value, torch.Tensor):
+                continue
+            expected = local.shape
+            if value.dtype == torch.uint8:  # quantized codes, or their block exponents
+                moment = key.removesuffix("_scale")
+                fmt = _CODE_FORMATS.get(state.get(f"{moment}_bits"))
+                if fmt is not None and local.dim() >= 1:
+                    codes_shape, scales_shape = reference.quant_layout(local.shape, fmt)
+                    expected = scales_shape if key.endswith("_scale") else codes_shape
+            if tuple(value.shape) != tuple(expected):
+                raise RuntimeError(
+                    f"{type(self).__name__}: parameter {i} of param group {index} has shape {tuple(local.shape)}, but "
+                    f"its state '{key}' has shape {tuple(value.shape)} (expected {tuple(expected)}): the parameter "
+                    "changed shape since its state was made (p.data = a tensor of another shape?). Give it back its "
+                    "shape, or drop its state (del optimizer.state[p]) to start it afresh"
+                )
 
     def _blockwise(self, group: dict[str, Any], dtype: torch.dtype) -> bool:
         """Whether the group's parameters of ``dtype`` take the blockwise step (FusedAdam's storage options)."""
@@ -615,18 +675,20 @@ class _FusedOptimizer(torch.optim.Optimizer):
     @staticmethod
     def _lr_arguments(lr: float | torch.Tensor, device: torch.device) -> tuple[float, torch.Tensor | None]:
         """(lr as a float, lr as a device tensor the kernels read, or None). A host value is checked here, at no
-        cost; a device tensor's value is not (that would synchronize): it was checked when its group was added."""
+        cost; a device tensor's value is not (that would synchronize): it was checked when its group was added.
+        A tensor of another floating dtype than float32 steps as torch's optimizers step with it: read as a host
+        value on the CPU, converted to float32 on the device (a copy kernel, which a captured step replays)."""
         if not isinstance(lr, torch.Tensor) or lr.device.type == "cpu":
             value = float(lr)  # a host value: reading it does not synchronize with any device
             if not value >= 0.0:
                 raise ValueError(f"Invalid learning rate: {value} (ampkernels: argument 'lr' must be >= 0)")
-            if not isinstance(lr, torch.Tensor) or device.type != "cpu":
+            if not isinstance(lr, torch.Tensor) or device.type != "cpu" or lr.dtype != torch.float32:
                 return value, None
         if lr.device != device:
             raise ValueError(f"ampkernels: argument 'lr': a tensor on {lr.device} for parameters on {device}")
-        if lr.dtype != torch.float32 or lr.numel() != 1:
-            raise ValueError(f"ampkernels: argument 'lr': expected a 1-element float32 tensor, got {lr.dtype}")
-        return 0.0, lr
+        if not lr.dtype.is_floating_point or lr.numel() != 1:
+            raise ValueError(f"ampkernels: argument 'lr': expected a 1-element floating-point tensor, got {lr.dtype}")
+        return 0.0, lr if lr.dtype == torch.float32 else lr.reshape(()).to(torch.float32)
 
     def _hyper(self, group: dict[str, Any], bucket: _Bucket) -> dict[str, Any]:
         """The group's hyperparameters as the kernels of ``bucket`` take them."""
@@ -667,27 +729,36 @@ class _FusedOptimizer(torch.optim.Optimizer):
         else:
             self._reference_step(bucket, grads, lr_value, grad_scale, found_inf, hyper)
             if bucket.versions:  # the reference writes the parameters with copy_, which counts as a version
-                bucket.versions = bucket.param_versions()
+                self._record_synced(bucket, bucket.param_versions())
         return True
 
-    @staticmethod
-    def _resync_loaded(bucket: _Bucket) -> None:
-        """Copy parameters written from outside since the last step into their masters (they are the truth)."""
+    def _record_synced(self, bucket: _Bucket, versions: list[tuple[int, int]]) -> None:
+        """The masters of ``bucket`` are in sync with its parameters as ``versions`` describes them."""
+        bucket.versions = versions
+        for p, version in zip(bucket.sources_or_params(), versions, strict=True):
+            self._master_synced[id(p)] = version
+
+    def _resync_loaded(self, bucket: _Bucket) -> None:
+        """Copy parameters written from outside since the last step into their masters (they are the truth). One
+        given another shape is left for the stale-bucket check (its plan is rebuilt, and refuses it by name)."""
         versions = bucket.param_versions()
         if versions == bucket.versions:
             return
         masters = bucket.masters
         params = bucket.params if bucket.sources is None else [_local(p) for p in bucket.sources]
-        for p, master, old, new in zip(params, masters, bucket.versions, versions, strict=True):
+        for i, (p, master, old, new) in enumerate(zip(params, masters, bucket.versions, versions, strict=True)):
             if old != new:
+                if p.shape != master.shape:
+                    versions[i] = old  # (not in sync)
+                    continue
                 master.copy_(p)
-        bucket.versions = versions
+        self._record_synced(bucket, versions)
 
-    def _step_buckets(self, buckets, group, grad_scale, found_inf, on) -> list[int] | None:
-        """Steps ``buckets`` in order; None when all stepped, else the ids of the parameters stepped before the
-        first stale bucket."""
+    def _step_buckets(self, buckets, group, grad_scale, found_inf, on, lrs=None) -> list[int] | None:
+        """Steps ``buckets`` in order (``lrs``: their :meth:`_lr_arguments`, when already taken); None when all
+        stepped, else the ids of the parameters stepped before the first stale bucket."""
         for done, bucket in enumerate(buckets):
-            lr, lr_tensor = self._lr_arguments(group["lr"], bucket.device)
+            lr, lr_tensor = self._lr_arguments(group["lr"], bucket.device) if lrs is None else lrs[done]
             if not self._launch(
                 bucket, group, lr, lr_tensor, on(grad_scale, bucket.device), on(found_inf, bucket.device)
             ):
@@ -733,8 +804,17 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 per_device[key] = dispatch.to_kernel_device(t, device)
             return per_device[key]
 
+        # Every group's plan and arguments first: a step refused for one group (its lr set to NaN, an option set
+        # to a value the constructor refuses) leaves every group as it was, not the groups before it stepped.
+        plans = []
         for index, group in enumerate(self.param_groups):
-            stepped = self._step_buckets(self._plan(index, group).buckets, group, grad_scale, found_inf, on)
+            plan = self._plan(index, group)
+            lrs = [self._lr_arguments(group["lr"], bucket.device) for bucket in plan.buckets]
+            for bucket in plan.buckets:
+                self._hyper(group, bucket)
+            plans.append((plan, lrs))
+        for index, (group, (plan, lrs)) in enumerate(zip(self.param_groups, plans, strict=True)):
+            stepped = self._step_buckets(plan.buckets, group, grad_scale, found_inf, on, lrs)
             if stepped is not None:
                 # A gradient appeared, disappeared or changed dtype since the plan was built. Each bucket checks its
                 # gradients before it launches, so the buckets before the stale one stepped correctly: step the
@@ -752,7 +832,8 @@ class FusedAdam(_FusedOptimizer):
     Args:
         params: iterable of parameters or param-group dicts (float32, float16 or bfloat16 parameters).
         lr: learning rate >= 0, a float or a 0-d float32 tensor on the parameters' device (read by the kernel on
-            every step, so a CUDA graph replays with the current value). Numbers and CPU tensors are checked at
+            every step, so a CUDA graph replays with the current value); a tensor of another floating dtype is
+            converted to float32 at every step, as torch's optimizers take it. Numbers and CPU tensors are checked at
             every step; a device tensor's value when its group is added (later checks would synchronize), so a
             negative or NaN value written into it afterwards is not caught.
         betas: (beta1, beta2), floats.
@@ -764,9 +845,10 @@ class FusedAdam(_FusedOptimizer):
         master_weights: for float16/bfloat16 parameters, keep a float32 copy (state 'master_param') that the kernel
             updates, and float32 moments; the parameter is written from it in the same pass. Without it the moments
             have the parameter's dtype (as torch's) and the math is float32 either way. A parameter written from
-            outside (``model.load_state_dict``, ``p.copy_`` under no_grad: anything that bumps ``p._version``) is
-            copied into its master at the next step; after writes through ``p.data``, and for a step captured
-            in a CUDA graph (replays run no Python), call :meth:`resync_master_weights`.
+            outside (``model.load_state_dict``, ``p.copy_`` under no_grad: anything that bumps ``p._version``; or
+            ``p.data = t``, which gives it new storage) is copied into its master at the next step; after in-place
+            writes into ``p.data``, and for a step captured in a CUDA graph (replays run no Python), call
+            :meth:`resync_master_weights`.
         exp_avg_dtype, exp_avg_sq_dtype: how the first and second moments are stored (names as TransformerEngine's
             FusedAdam): None (default: as above), ``torch.float32``, ``torch.bfloat16`` (rounded to nearest),
             ``torch.uint8`` or "8bit" (8-bit block floating point: 1.01 B per element), ``torch.uint4`` or "4bit"
