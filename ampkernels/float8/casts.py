@@ -98,8 +98,20 @@ def _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, b
         _check_not_differentiable(fn, "found_inf", found_inf)
     name = dispatch.select("to_float8", x.device, dispatch.check_backend("to_float8", backend))
     x2 = x.detach()  # a cast is not differentiable (Float8Linear defines the gradients)
+    if x2.dtype == torch.float64:
+        x2 = _saturated_float32(x2)
     x2 = x2 if x2.ndim == 2 else x2.reshape(M, K)
     return x2, scale, name
+
+
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _saturated_float32(x: torch.Tensor) -> torch.Tensor:
+    """float64 ``x`` in float32, its finite values beyond float32's range saturated to its largest (``x.float()``
+    makes them inf, which every backend casts to NaN and flags as non-finite); inf and NaN stay as they are. The
+    casts compute in float32 anyway: every backend then sees the same float32 tensor."""
+    return torch.where(x.isinf(), x, x.clamp(-_FLOAT32_MAX, _FLOAT32_MAX)).float()
 
 
 def _native(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch=None):
@@ -229,8 +241,9 @@ def to_float8(
     """``x`` cast to float8 with a float32 scale, ``x ≈ data.float() * scale_inv``, without a host sync.
 
     Args:
-        x: [..., K] float32, bfloat16, float16 (or float64), any strides; the batch dimensions are flattened: the
-            cast writes the [M, K] matrix ``x.reshape(-1, K)``, or its transpose [K, M] with ``transpose``.
+        x: [..., K] float32, bfloat16, float16 (or float64: taken in float32, finite values beyond its range
+            saturated to its largest), any strides; the batch dimensions are flattened: the cast writes the [M, K]
+            matrix ``x.reshape(-1, K)``, or its transpose [K, M] with ``transpose``.
         dtype: ``torch.float8_e4m3fn`` (forward operands) or ``torch.float8_e5m2`` (gradients).
         granularity: ``"tensor"`` (one scale) or ``"row"`` (one per row of the written matrix: per row of x, or per
             column of x with ``transpose``).
