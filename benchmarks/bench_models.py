@@ -58,7 +58,14 @@ from torch.nn import functional as F
 import ampkernels
 from ampkernels import FusedGradScaler, capture_step
 from benchmarks import zoo_frameworks
-from benchmarks.common import RunContext, format_table, free_device_memory, plot_grouped_bars, synchronize
+from benchmarks.common import (
+    RunContext,
+    format_table,
+    free_device_memory,
+    missing_package,
+    plot_grouped_bars,
+    synchronize,
+)
 
 NAME = "models"
 
@@ -275,12 +282,7 @@ TRANSFORMERS = ("bert-base", "gpt2", "llama-1b", "t5-small")
 
 
 def _why_not(name: str) -> str | None:
-    package = MODELS[name][1]
-    try:
-        __import__(package)
-    except ImportError:
-        return f"{package} is not installed (pip install {package})"
-    return None
+    return missing_package(MODELS[name][1])
 
 
 def _recipes_of(name: str, ctx: RunContext) -> list[Recipe]:

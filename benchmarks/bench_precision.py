@@ -42,7 +42,14 @@ import torch
 
 import ampkernels
 from ampkernels import FusedGradScaler, capture_step
-from benchmarks.common import RunContext, format_table, free_device_memory, plot_grouped_bars, synchronize
+from benchmarks.common import (
+    RunContext,
+    format_table,
+    free_device_memory,
+    missing_package,
+    plot_grouped_bars,
+    synchronize,
+)
 
 NAME = "precision"
 
@@ -173,12 +180,7 @@ def model_name(name: str, cpu_small: bool) -> str:
 
 def _why_not(name: str) -> str | None:
     """None when the model's package is installed, else why the model is skipped."""
-    package = MODELS[name][1]
-    try:
-        __import__(package)
-    except ImportError:
-        return f"{package} is not installed (pip install {package})"
-    return None
+    return missing_package(MODELS[name][1])
 
 
 # ---- recipes ----

@@ -65,6 +65,15 @@ class LoopTiming:
         return statistics.median(self.device_ms) if self.device_ms else None
 
 
+def missing_package(package: str) -> str | None:
+    """None when ``package`` imports, else why what needs it is skipped."""
+    try:
+        __import__(package)
+    except ImportError:
+        return f"{package} is not installed (pip install {package})"
+    return None
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import ampkernels
+from benchmarks.common import missing_package
 
 WARMUP, STEPS = 3, 12
 LR, MAX_NORM = 1e-4, 1.0
@@ -29,12 +30,7 @@ FRAMEWORKS["lightning"] = ("gpt2", "lightning")
 
 
 def why_not(framework: str) -> str | None:
-    package = FRAMEWORKS[framework][1]
-    try:
-        __import__(package)
-    except ImportError:
-        return f"{package} is not installed (pip install {package})"
-    return None
+    return missing_package(FRAMEWORKS[framework][1])
 
 
 def _sync(device: torch.device) -> None:
