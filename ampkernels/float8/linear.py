@@ -167,9 +167,10 @@ _INPUT_CASTS = _InputCasts()
 
 
 def _batched(out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """The [tokens, N] product in the input's batch shape; a 2-d input's product as it is, not a view of it (FSDP2
-    warns of a module that returns a view: an in-place op on it would skip FSDP2's pre-backward hook)."""
-    return out if input.dim() == 2 else out.view(*input.shape[:-1], out.shape[-1])
+    """The [tokens, N] product in the input's batch shape, never a view of it (FSDP2 warns of a module that returns
+    a view: an in-place op on it would skip FSDP2's pre-backward hook). The product is a fresh tensor that nothing
+    else holds, so the reshape is an unsafe view, as nn.Linear's from torch 2.15 on (a plain view before)."""
+    return out if input.dim() == 2 else torch.ops.aten._unsafe_view(out, (*input.shape[:-1], out.shape[-1]))
 
 
 class _TensorwiseMatmul(torch.autograd.Function):
