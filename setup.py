@@ -260,7 +260,7 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["ampkernels", "ampkernels.*"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.11"],  # CI tests torch 2.11 and 2.15 (.ci/run)
+    install_requires=["torch>=2.14"],  # CI tests torch 2.14 and 2.15 (.ci/run)
     extras_require={
         "triton": ["triton"],
         "plot": ["matplotlib"],

@@ -330,21 +330,6 @@ def test_default_run_leaves_out_the_low_precision_table():
     assert ctx.progress.total == 1
 
 
-def _cpu_scaled_mm_takes_rowwise_scales() -> bool:
-    """torch 2.11's CPU ``_scaled_mm`` takes per-tensor scales only (an internal assert), 2.14's and 2.15's rowwise
-    ones too; the float8 benchmark times it with both."""
-    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
-    try:
-        torch._scaled_mm(a, a.t(), torch.ones(16, 1), torch.ones(1, 16), out_dtype=torch.bfloat16)
-    except RuntimeError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(
-    not _cpu_scaled_mm_takes_rowwise_scales(),
-    reason=f"torch {torch.__version__}'s CPU _scaled_mm refuses rowwise scales (the benchmark's stock baseline)",
-)
 def test_float8_benchmark_smoke(tmp_path):
     """--only float8 on the CPU: every section runs at its small size, and the report and summary render."""
     pytest.importorskip("tqdm")
