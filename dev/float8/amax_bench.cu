@@ -2,7 +2,7 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90a dev/float8/amax_bench.cu -o /tmp/amax_bench && /tmp/amax_bench
 //
 // Question: what separates the shipped two launches (memset + amax pass + cast walked backwards: 1.72-1.77x the
-// one-pass floor on the H200) from issue 18's 1.6x? cast_bench.cu measured the amax pass alone at 3.8 TB/s read
+// one-pass floor on the H200) from a 1.6x target? cast_bench.cu measured the amax pass alone at 3.8 TB/s read
 // only, below the 4.26 TB/s copy, and each launch's ramp and tail are ~2-3 us of a ~40 us kernel. Variants:
 //   read      the amax pass alone: grid-stride with U 16-byte loads in flight (shipped U = 4), the same through
 //             ld.global.nc.L1::no_allocate.L2::256B (a 256-byte L2 prefetch per load), and the bulk copy engine

@@ -20,7 +20,7 @@
 //                 shipped amax pass + one 128 x 128 tile per block, against a persistent tile loop that issues the
 //                 next tile's loads first, and against one cooperative launch that keeps 6 tiles per SM in shared
 //                 memory across the grid barrier.
-// Shapes: issue 18's 8192^2, 16384 x 2048, 16384 x 8192, and two that fit in L2 (2048^2, 4096^2).
+// Shapes: the FP8 stack's 8192^2, 16384 x 2048, 16384 x 8192, and two that fit in L2 (2048^2, 4096^2).
 #include "probe_common.cuh"
 
 // ---- the shipped two-pass design ----

@@ -1,6 +1,6 @@
 """Probe of the FP8 wgmma scaled matmul (csrc/matmul/wgmma_fp8.cuh) on the GPU: correctness first (every tile width
 and operand-type pair, tensorwise and rowwise scales, shapes with edges, against float64 and torch._scaled_mm's error
-on the same operands), then TFLOP/s against torch._scaled_mm in the same process on issue 18's six shapes, per tile
+on the same operands), then TFLOP/s against torch._scaled_mm in the same process on the FP8 stack's six shapes, per tile
 width (AMPKERNELS_WGMMA_BN) and the launcher's own choice.
 
 Run on the device after the build: ``PYTHONPATH=$PWD timeout 300 python3 dev/matmul/wgmma/fp8_probe.py [--quick]``.
@@ -22,7 +22,7 @@ from ampkernels import reference
 
 OP = torch.ops.ampkernels.scaled_matmul_fp8_wgmma_
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-# Issue 18's training shapes, M x N x K.
+# The FP8 stack's training GEMM shapes, M x N x K.
 SHAPES = [
     (8192, 8192, 8192),
     (16384, 2048, 8192),
