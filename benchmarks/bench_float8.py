@@ -361,12 +361,17 @@ def _layer_section(ctx: RunContext) -> dict[str, Any]:
 
 
 def _measured_size_rule(rows: list[dict[str, Any]]) -> dict[str, int | None]:
-    """Per recipe, the size rule the graphed rows give: the smallest weight (K x N elements) from which on FP8 was
-    faster than bf16 on every measured layer at least as large (None: on none). convert_to_float8's default,
-    ``ampkernels.float8.linear.MIN_WEIGHT_ELEMENTS``, is set from it."""
+    """Per recipe, the size rule the graphed rows give: the smallest GEMM FLOPs per cast element, 2KN / (K + N),
+    from which on FP8 was faster than bf16 on every measured layer at least as large (None: on none).
+    convert_to_float8's default, ``ampkernels.float8.linear.MIN_FLOPS_PER_CAST_ELEMENT``, is set from it."""
+    from ampkernels.float8.linear import flops_per_cast_element
+
     rule = {}
     for recipe in LAYER_RECIPES:
-        by_size = sorted((r["in_features"] * r["out_features"], r[f"{recipe}_graphed_speedup"]) for r in rows)
+        by_size = sorted(
+            (round(flops_per_cast_element(r["in_features"], r["out_features"])), r[f"{recipe}_graphed_speedup"])
+            for r in rows
+        )
         rule[recipe] = None
         for size, speedup in reversed(by_size):
             if speedup <= 1.0:
@@ -424,7 +429,7 @@ def _report_layers(section: dict[str, Any]) -> str:
         headers += ["bf16 graphed", "tensorwise", "vs bf16", "rowwise", "vs bf16"]
     table = title + "\n" + format_table(headers, rows, "l" + "r" * (len(headers) - 1))
     for recipe, size in (section.get("size_rule") or {}).items():
-        where = f"every measured layer of >= {size:,} weight elements" if size else "no measured layer"
+        where = f"every measured layer with 2KN/(K+N) >= {size:,}" if size else "no measured layer"
         table += f"\nGraphed, fp8 {recipe} beats bf16 on {where} (the size rule of convert_to_float8)"
     return table
 

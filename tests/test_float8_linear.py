@@ -419,10 +419,12 @@ def test_convert_rules_filter_and_errors():
             small=nn.Linear(512, 2048),
             odd=nn.Linear(1030, 2048),
             scaled=ScaledLinear(1024, 1024),
+            skinny=nn.Linear(768, 3072),
         )
     )
-    convert_to_float8(model)  # the measured size rule: a weight of >= 1536^2 elements for tensorwise
-    assert isinstance(model["big"], Float8Linear) and type(model["small"]) is nn.Linear  # 3.1 vs 1.0 M elements
+    convert_to_float8(model)  # the measured size rule: 2KN / (K + N) >= 1536 for tensorwise
+    assert isinstance(model["big"], Float8Linear) and type(model["small"]) is nn.Linear  # 1755 vs 819
+    assert type(model["skinny"]) is nn.Linear  # 1229, though its weight has 1536^2 elements
     assert type(model["odd"]) is nn.Linear and type(model["scaled"]) is ScaledLinear
     wide = nn.ModuleDict(dict(mlp=nn.Linear(2048, 8192), attention=nn.Linear(2048, 2048), big=nn.Linear(3072, 3072)))
     convert_to_float8(wide, "rowwise")  # rowwise: >= 3072^2

@@ -34,9 +34,10 @@ def convert_to_float8(
         module_filter: ``(module, fully_qualified_name) -> bool``, like torchao's ``module_filter_fn``: only layers
             for which it returns True are converted. Applied after the size rule.
         min_features: the size rule. None (default): the rule measured on the H200 (docs/float8.md): a layer is
-            converted when ``in_features`` and ``out_features`` are multiples of 16 and its weight has at least
-            ``MIN_WEIGHT_ELEMENTS`` elements: 1536 x 1536 for tensorwise and delayed scaling, 3072 x 3072 for
-            rowwise (below that the casts cost more than the faster GEMM saves, at 16384 tokens). An int: both
+            converted when ``in_features`` and ``out_features`` are multiples of 16 and its GEMM FLOPs per cast
+            element, 2KN / (K + N), are at least ``MIN_FLOPS_PER_CAST_ELEMENT``: 1536 for tensorwise and delayed
+            scaling (a 1536 x 1536 layer), 3072 for rowwise (3072 x 3072); below that the casts cost more than
+            the faster GEMM saves, at 16384 tokens. An int: both
             dimensions at least ``min_features`` instead; 0 converts every aligned layer.
         fsdp_float8_all_gather: tensorwise only: FSDP2 (``fully_shard``, applied after this call) all-gathers the
             converted layers' weights as FP8 codes, cast with the scale of the global amax (half the bytes of bf16

@@ -282,21 +282,30 @@ class _RowwiseMatmul(torch.autograd.Function):
         return grad_x, grad_w, grad_bias, None, None
 
 
-#: The measured size rule (H200, ``python -m benchmarks --only float8``, "layer sizes": forward + backward of one
-#: layer at 16384 tokens under bf16 autocast, replayed as a CUDA graph, 2026-12-04): FP8 was faster than bf16 on
-#: every measured layer whose weight has at least this many elements (K x N), per granularity, and slower on every
-#: smaller one. Tensorwise: 1536^2 1.05x, 1024^2 0.86x; rowwise (more cast work per operand): 3072^2 1.05x,
-#: 2048 x 8192 1.20x, 2048^2 0.95x. docs/float8.md has the table.
-MIN_WEIGHT_ELEMENTS = {"tensor": 1536 * 1536, "row": 3072 * 3072}
+#: The size rule. Per token, a layer's GEMMs do 2KN FLOPs (each of the three products) while its casts touch K + N
+#: elements (the input and the output-gradient rows): FP8 pays when 2KN / (K + N), GEMM FLOPs per cast element, is
+#: large. Measured (H200, ``python -m benchmarks --only float8``, "layer sizes": forward + backward of one layer at
+#: 16384 tokens under bf16 autocast, replayed as a CUDA graph, 2026-12-04): FP8 was faster than bf16 on every
+#: layer at or above this ratio, per granularity, and slower on every one below. Tensorwise: 1536^2 (1536) 1.05x,
+#: 1024^2 (1024) 0.86x; rowwise (more cast work per operand): 3072^2 (3072) 1.05x, 2048 x 8192 (3277) 1.20x,
+#: 2048^2 (2048) 0.95x. A weight-size rule (K x N >= 1536^2) also took BERT-base's 768 x 3072 FFN layers (ratio
+#: 1229), and the model zoo measured that FP8 BERT-base step at 0.86x of bf16 (H100). docs/float8.md has the table.
+MIN_FLOPS_PER_CAST_ELEMENT = {"tensor": 1536, "row": 3072}
+
+
+def flops_per_cast_element(in_features: int, out_features: int) -> float:
+    """GEMM FLOPs per element cast to FP8, per token: 2KN / (K + N) (see :data:`MIN_FLOPS_PER_CAST_ELEMENT`)."""
+    return 2 * in_features * out_features / (in_features + out_features)
 
 
 def float8_fits(in_features: int, out_features: int, min_features: int | None, recipe: Float8Recipe) -> bool:
     """The layer-size rule of :func:`ampkernels.float8.convert_to_float8`: both dimensions multiples of
-    :data:`FLOAT8_ALIGNMENT`, and either both at least ``min_features`` or, with ``min_features`` None, a weight
-    of at least :data:`MIN_WEIGHT_ELEMENTS` for the recipe's granularity."""
+    :data:`FLOAT8_ALIGNMENT`, and either both at least ``min_features`` or, with ``min_features`` None,
+    :func:`flops_per_cast_element` at least :data:`MIN_FLOPS_PER_CAST_ELEMENT` for the recipe's granularity."""
     aligned = in_features % FLOAT8_ALIGNMENT == 0 and out_features % FLOAT8_ALIGNMENT == 0
     if min_features is None:
-        return aligned and in_features * out_features >= MIN_WEIGHT_ELEMENTS[recipe.granularity]
+        threshold = MIN_FLOPS_PER_CAST_ELEMENT[recipe.granularity]
+        return aligned and flops_per_cast_element(in_features, out_features) >= threshold
     return aligned and min(in_features, out_features) >= min_features
 
 
