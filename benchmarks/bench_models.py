@@ -71,10 +71,16 @@ NAME = "models"
 
 MAX_NORM, LR = 1.0, 1e-4
 WARMUP_STEPS = 3
-# Loss after the same timed steps, ampkernels against its stock recipe: the step's math is stock's (unscale by a
-# power of two, torch's AdamW arithmetic), but cuDNN/cuBLAS backward kernels accumulate in a run-dependent order.
-LOSS_RTOL, LOSS_ATOL = 1e-2, 1e-3  # losses are O(1) nats; the absolute term serves a loss driven near zero
-FLOAT8_LOSS_RTOL = 0.01  # tests/test_float8_training.py: each FP8 recipe within 1% of bf16
+# Losses, ampkernels against its stock recipe. The step's math is stock's (unscale by a power of two, torch's AdamW
+# arithmetic), but cuDNN/cuBLAS backward kernels accumulate in a run-dependent order, and the timed steps of two
+# alternating recipes draw different dropout masks, so the two trajectories part slowly:
+# - the last warm-up step (same seed, same batch, two updates in): within WARMUP_LOSS_RTOL of stock's;
+# - after the timed steps: within LOSS_RTOL of the first step's loss. Relative to the final loss instead, a model that
+#   memorizes its 4 batches turns run-to-run drift into a large ratio (ResNet-50 channels_last, fp16, H100: 0.4352
+#   against 0.4438 after ~900 steps from 6.9, 2% of the final loss, 0.12% of the first).
+WARMUP_LOSS_RTOL = 1e-3
+LOSS_RTOL = 1e-2
+FLOAT8_LOSS_RTOL = 0.01  # tests/test_float8_training.py: each FP8 recipe within 1% of bf16 (both checks)
 # NOTE: loops of >= 0.2 s per repeat keep a step's run-to-run spread near 1% on the H200 (eager steps of 20-150 ms).
 MIN_LOOP_S_GPU, MIN_ITERATIONS = 0.2, 3
 
@@ -140,6 +146,7 @@ class Model:
     per_batch: int  # tokens or images per batch
     huggingface: bool
     channels_last: bool = False
+    float8_layers: tuple[int, int] | None = None  # (converted, nn.Linear layers before) for an FP8 recipe
 
 
 def _tokens(vocab: int, batch: int, seq: int, i: int) -> torch.Tensor:
@@ -311,9 +318,11 @@ def _models(ctx: RunContext) -> list[str]:
 def _make_step(recipe: Recipe, model: Model, device: torch.device) -> Callable[..., torch.Tensor]:
     module = model.module
     if recipe.float8:
-        from ampkernels.float8 import convert_to_float8
+        from ampkernels.float8 import Float8Linear, convert_to_float8
 
+        linear = sum(type(m) is torch.nn.Linear for m in module.modules())
         convert_to_float8(module, "tensorwise", min_features=0 if device.type == "cpu" else None)
+        model.float8_layers = (sum(isinstance(m, Float8Linear) for m in module.modules()), linear)
     params = [p for p in module.parameters() if p.requires_grad]
     if recipe.stock:
         optimizer = torch.optim.AdamW(params, lr=LR, fused=True, capturable=recipe.graphed)
@@ -358,6 +367,7 @@ class _Live:
     batches: list[tuple[torch.Tensor, ...]]
     peak_gib: float | None
     per_repeat: list[float]
+    warmup_losses: list[float]
     loss: torch.Tensor | None = None
 
 
@@ -382,11 +392,10 @@ def _build(name: str, recipe: Recipe, ctx: RunContext) -> _Live:
     if recipe.graphed:
         # Capture leaves model, optimizer and scaler as they were: the warm-up replays below are the first steps.
         step = capture_step(step, *batches[0], transformers_mask_skip=model.huggingface)
-    for _ in range(WARMUP_STEPS):
-        step(*batches[0])
-    synchronize(ctx.device)
+    torch.manual_seed(1)  # the same dropout masks in every recipe's warm-up, whatever building them drew
+    warmup_losses = [float(step(*batches[0])) for _ in range(WARMUP_STEPS)]
     peak = (torch.cuda.max_memory_allocated(ctx.device) - before) / 2**30 if cuda else None
-    return _Live(recipe, model, step, batches, peak, [])
+    return _Live(recipe, model, step, batches, peak, [], warmup_losses)
 
 
 def _run_loop(live: _Live, iterations: int, device: torch.device) -> None:
@@ -421,44 +430,66 @@ def _row(name: str, live: _Live) -> dict[str, Any]:
         "per_second": live.model.per_batch / step_ms * 1e3,
         "unit": live.model.unit,
         "peak_memory_gib": None if live.peak_gib is None else round(live.peak_gib, 2),
+        "warmup_losses": live.warmup_losses,
         "final_loss": loss,
+        **({"float8_layers": list(live.model.float8_layers)} if live.model.float8_layers else {}),
     }
 
 
 def _time_group(name: str, recipes: list[Recipe], ctx: RunContext, iterations: int | None) -> tuple[list, int]:
-    """Builds ``recipes`` side by side, times them alternately; the rows and the iteration count used."""
-    if recipes[0].framework is not None:  # the framework runs its own loop: one recipe after the other
-        return [_framework_row(name, recipe, ctx) for recipe in recipes], iterations
+    """Builds ``recipes`` side by side and times them alternately; the rows and the iteration count used. A group
+    that does not fit in memory side by side (Llama-1B graphed on an 80 GB GPU) is timed one recipe after the
+    other instead, and its rows say so."""
+    if recipes[0].framework is not None:  # the framework runs its own loop
+        return _framework_rows(name, recipes, ctx), iterations
     lives = []
     try:
         for recipe in recipes:
             lives.append(_build(name, recipe, ctx))
-        if iterations is None:
-            iterations = _iterations(lives[0], ctx)
-            for live in lives[1:]:
-                live.step(*live.batches[1])  # the same step count for every recipe of the model
-        else:
-            for live in lives:
-                live.step(*live.batches[1])
+        iterations = _first_steps(lives, iterations, ctx)
         for _ in range(ctx.repeats):
             for live in lives:
                 _run_loop(live, iterations, ctx.device)
         return [_row(name, live) for live in lives], iterations
+    except torch.OutOfMemoryError:
+        if len(recipes) == 1:
+            raise
     finally:
         del lives
         free_device_memory(ctx.device)
+    rows = []
+    for recipe in recipes:
+        row, iterations = _time_group(name, [recipe], ctx, iterations)
+        rows.append({**row[0], "alternated": False})
+    return rows, iterations
 
 
-def _framework_row(name: str, recipe: Recipe, ctx: RunContext) -> dict[str, Any]:
-    framework = recipe.framework
-    reason = zoo_frameworks.why_not(framework)
+def _first_steps(lives: list[_Live], iterations: int | None, ctx: RunContext) -> int:
+    """One more step per recipe (the first sizes the timed loop when ``iterations`` is None): every recipe of a
+    model runs the same step count."""
+    if iterations is None:
+        iterations = _iterations(lives[0], ctx)
+        lives = lives[1:]
+    for live in lives:
+        live.step(*live.batches[1])
+    return iterations
+
+
+def _framework_rows(name: str, recipes: list[Recipe], ctx: RunContext) -> list[dict[str, Any]]:
+    """Stock and ours through the framework, FRAMEWORK_ROUNDS rounds alternating; the median step over all rounds."""
+    reason = zoo_frameworks.why_not(recipes[0].framework)
     if reason is not None:
-        return {"model": name, "recipe": recipe.name, "error": f"skipped: {reason}"}
-    row = zoo_frameworks.time_framework(
-        framework, lambda: MODELS[name][0](ctx.cpu_small), ctx.device, ours=not recipe.stock
-    )
-    free_device_memory(ctx.device)
-    return {"model": name, "recipe": recipe.name, **row}
+        return [{"model": name, "recipe": recipe.name, "error": f"skipped: {reason}"} for recipe in recipes]
+    runs: dict[str, list[dict[str, Any]]] = {recipe.name: [] for recipe in recipes}
+    for _ in range(1 if ctx.cpu_small else zoo_frameworks.ROUNDS):
+        for recipe in recipes:
+            runs[recipe.name].append(
+                zoo_frameworks.time_framework(
+                    recipe.framework, lambda: MODELS[name][0](ctx.cpu_small), ctx.device, ours=not recipe.stock
+                )
+            )
+            free_device_memory(ctx.device)
+    return [{"model": name, "recipe": recipe.name, **zoo_frameworks.merge(runs[recipe.name])} for recipe in recipes]
 
 
 def _groups(recipes: list[Recipe]) -> list[list[Recipe]]:
@@ -481,11 +512,18 @@ def _check(row: dict[str, Any], baseline: dict[str, Any] | None, recipe: Recipe)
     if baseline is None or "error" in baseline:
         return
     row["speedup_over_stock"] = baseline["step_ms"] / row["step_ms"]
-    rtol = FLOAT8_LOSS_RTOL if recipe.float8 else LOSS_RTOL
-    difference = abs(row["final_loss"] - baseline["final_loss"])
-    row["loss_rel_diff"] = difference / abs(baseline["final_loss"])
-    ok = difference <= rtol * abs(baseline["final_loss"]) + LOSS_ATOL
-    row["check"] = "ok" if ok else f"FAILED: loss {row['loss_rel_diff']:.2e} from {baseline['recipe']}'s"
+    problems = []
+    if "warmup_losses" in row and "warmup_losses" in baseline:
+        ours, stock = row["warmup_losses"][-1], baseline["warmup_losses"][-1]
+        row["warmup_loss_rel_diff"] = abs(ours - stock) / abs(stock)
+        if not row["warmup_loss_rel_diff"] <= (FLOAT8_LOSS_RTOL if recipe.float8 else WARMUP_LOSS_RTOL):
+            problems.append(f"warm-up loss {row['warmup_loss_rel_diff']:.2e}")
+    # the loss scale: the first step's (framework rows, which report a mean loss, compare with stock's)
+    first = baseline["warmup_losses"][0] if "warmup_losses" in baseline else baseline["final_loss"]
+    row["loss_rel_diff"] = abs(row["final_loss"] - baseline["final_loss"]) / abs(first)
+    if not row["loss_rel_diff"] <= (FLOAT8_LOSS_RTOL if recipe.float8 else LOSS_RTOL):
+        problems.append(f"loss {row['loss_rel_diff']:.2e} of the first")
+    row["check"] = f"FAILED: {', '.join(problems)} from {baseline['recipe']}'s" if problems else "ok"
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
@@ -528,7 +566,17 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "notes": [
             "step time: median over repeats of the wall time per step, host work included; each ampkernels recipe "
             "timed alternately with its stock recipe",
-            "loss: after the same warm-up and timed steps on the same batches; checked against the stock recipe's",
+            "loss: after the same warm-up and timed steps on the same batches; checked against the stock recipe's "
+            f"(last warm-up step within {WARMUP_LOSS_RTOL:g}, after the timed steps within {LOSS_RTOL:g} of the "
+            f"first step's loss; FP8 {FLOAT8_LOSS_RTOL:g} both)",
+            *(
+                [
+                    "timed one after the other, not alternating (the pair did not fit in memory side by side): "
+                    + ", ".join(sorted({f"{r['model']} {r['recipe']}" for r in rows if r.get("alternated") is False}))
+                ]
+                if any(r.get("alternated") is False for r in rows)
+                else []
+            ),
             *(
                 ["smoke run of tiny models: every recipe runs, the times say nothing about a GPU"]
                 if ctx.cpu_small
@@ -548,7 +596,7 @@ def report(document: dict[str, Any]) -> str:
     table = []
     for row in document["rows"]:
         if "error" in row:
-            table.append([row["model"], row["recipe"], "error", row["error"][:60], "", "", "", ""])
+            table.append([row["model"], row["recipe"], "error", "-", "", "", "", row["error"][:90]])
             continue
         ratio = row.get("speedup_over_stock")
         peak = row["peak_memory_gib"]
@@ -569,6 +617,10 @@ def report(document: dict[str, Any]) -> str:
     lines += [f"{name}: {description}" for name, description in descriptions.items()]
     lines += [f"skipped {name}: {why}" for name, why in document["skipped"].items()]
     lines += [f"note: {note}" for note in document["notes"]]
+    converted = [f"{r['model']} {r['float8_layers'][0]} of {r['float8_layers'][1]}" for r in document["rows"]
+                 if "float8_layers" in r]  # fmt: skip
+    if converted:
+        lines.append(f"note: fp8: nn.Linear layers converted by convert_to_float8's size rule: {', '.join(converted)}")
     return "\n".join(lines)
 
 

@@ -19,7 +19,9 @@ A step is forward + backward + gradient clipping to max_norm 1.0 + AdamW (lr 1e-
   ``transformers_mask_skip=True``); a capture that fails is recorded with its reason.
 
 The AMP recipes run with torch's default TF32 settings. Time: median over repeats of the wall time per step of a loop
-(host work included); peak memory: ``torch.cuda.max_memory_allocated``, reset before each recipe builds its model.
+(host work included); each ampkernels eager recipe is built beside its stock recipe and the two are timed
+alternately, repeat by repeat (``PAIRS``); peak memory: ``torch.cuda.max_memory_allocated`` while the recipe builds
+and warms up, above what was allocated before.
 Beside ours the table quotes stock figures measured earlier on an H200 (``REFERENCE``), with what differs.
 
 On a CPU-only machine: a 2-layer, 64-wide BERT (batch 4 x seq 32) and ResNet-18 at 32 x 32 (batch 8, 10 classes),
@@ -83,6 +85,12 @@ RECIPES = (
 )
 CPU_RECIPES = ("fp32", "bf16-stock", "bf16-ampkernels")
 BY_NAME = {recipe.name: recipe for recipe in RECIPES}
+# Built side by side and timed alternately, repeat by repeat: the eager ResNet-50 step is bound by the host's
+# enqueue time (H100: 13.3 ms of host work for a 13.3 ms forward), and its wall time spread 25.6-32.4 ms over five
+# rounds of one run; timed one recipe after the other, the H200 run put ampkernels 6-8% behind stock, while the
+# profile of both steps gave ampkernels less device time (23.8 against 24.1 ms) and less host time after backward
+# (1.2 against 4.2 ms). dev/models/step_profile.py measures both.
+PAIRS = (("fp16-stock", "fp16-ampkernels"), ("bf16-stock", "bf16-ampkernels"))
 
 # Stock PyTorch on the GPU-sized models, quoted beside this run's figures (every ampkernels figure is measured here).
 REFERENCE = {
@@ -234,9 +242,23 @@ def _make_step(recipe: Recipe, model: Model, device: torch.device) -> Callable[.
     return step
 
 
-def _time_recipe(name: str, recipe: Recipe, ctx: RunContext) -> dict[str, Any]:
-    free_device_memory(ctx.device)
+@dataclass
+class _Live:
+    """One recipe built, warmed up and sized, ready to time."""
+
+    recipe: Recipe
+    model: Model
+    step: Callable[..., torch.Tensor]
+    batches: list[tuple[torch.Tensor, ...]]
+    iterations: int
+    peak_gib: float | None
+    per_repeat: list[float]
+    loss: torch.Tensor | None = None
+
+
+def _build(name: str, recipe: Recipe, ctx: RunContext) -> _Live:
     cuda = ctx.device.type == "cuda"
+    before = torch.cuda.memory_allocated(ctx.device) if cuda else 0
     if cuda:
         torch.cuda.reset_peak_memory_stats(ctx.device)
     with _tf32(recipe.tf32 if cuda else None):
@@ -253,32 +275,53 @@ def _time_recipe(name: str, recipe: Recipe, ctx: RunContext) -> dict[str, Any]:
                 step(*batches[0])
         synchronize(ctx.device)
         start = time.perf_counter()
-        loss = step(*batches[1])
+        step(*batches[1])
         synchronize(ctx.device)
         one_ms = (time.perf_counter() - start) * 1e3
-        iterations = max(MIN_ITERATIONS if cuda else 1, math.ceil(ctx.target_loop_s * 4e3 / one_ms))
-        per_repeat = []
+    iterations = max(MIN_ITERATIONS if cuda else 1, math.ceil(ctx.target_loop_s * 4e3 / one_ms))
+    peak = (torch.cuda.max_memory_allocated(ctx.device) - before) / 2**30 if cuda else None
+    return _Live(recipe, model, step, batches, iterations, peak, [])
+
+
+def _run_loop(live: _Live, iterations: int, ctx: RunContext) -> None:
+    with _tf32(live.recipe.tf32 if ctx.device.type == "cuda" else None):
+        synchronize(ctx.device)
+        start = time.perf_counter()
+        for i in range(iterations):
+            live.loss = live.step(*live.batches[i % len(live.batches)])
+        synchronize(ctx.device)
+    live.per_repeat.append((time.perf_counter() - start) * 1e3 / iterations)
+
+
+def _time_group(name: str, recipes: list[Recipe], ctx: RunContext) -> list[dict[str, Any]]:
+    """Builds ``recipes`` side by side and times them alternately, repeat by repeat (the loop length of the first),
+    so that clock and host drift fall on stock and ampkernels alike."""
+    lives = []
+    try:
+        for recipe in recipes:
+            lives.append(_build(name, recipe, ctx))
+        iterations = lives[0].iterations
         for _ in range(ctx.repeats):
-            synchronize(ctx.device)
-            start = time.perf_counter()
-            for i in range(iterations):
-                loss = step(*batches[i % len(batches)])
-            synchronize(ctx.device)
-            per_repeat.append((time.perf_counter() - start) * 1e3 / iterations)
-        final_loss = float(loss)
-    row = {
-        "model": name,
-        "description": model.description,
-        "recipe": recipe.name,
-        "label": recipe.label,
-        "iterations": iterations,
-        "step_ms": statistics.median(per_repeat),
-        "step_ms_per_repeat": per_repeat,
-        "peak_memory_gib": round(torch.cuda.max_memory_allocated(ctx.device) / 2**30, 2) if cuda else None,
-        "final_loss": final_loss,
-    }
-    del step, model, batches
-    return row
+            for live in lives:
+                _run_loop(live, iterations, ctx)
+        return [
+            {
+                "model": name,
+                "description": live.model.description,
+                "recipe": live.recipe.name,
+                "label": live.recipe.label,
+                "iterations": iterations,
+                "step_ms": statistics.median(live.per_repeat),
+                "step_ms_per_repeat": live.per_repeat,
+                "alternated": len(lives) > 1,
+                "peak_memory_gib": None if live.peak_gib is None else round(live.peak_gib, 2),
+                "final_loss": float(live.loss),
+            }
+            for live in lives
+        ]
+    finally:
+        del lives
+        free_device_memory(ctx.device)
 
 
 # ---- the module interface ----
@@ -294,24 +337,28 @@ def run(ctx: RunContext) -> dict[str, Any]:
     skipped = {name: why for name in MODELS if (why := _why_not(name)) is not None}
     models = [name for name in MODELS if name not in skipped]
     recipes = _recipes(ctx)
+    names = [r.name for r in recipes]
+    groups = [[BY_NAME[n] for n in pair] for pair in PAIRS if all(n in names for n in pair)]
+    paired = {r.name for group in groups for r in group}
+    groups += [[r] for r in recipes if r.name not in paired]
     # Eager recipes first: a device-side assert in a graph would lose the CUDA context for everything after it.
-    jobs = [(name, r) for r in recipes if not r.graphed for name in models]
-    jobs += [(name, r) for r in recipes if r.graphed for name in models]
+    groups.sort(key=lambda group: (group[0].graphed, names.index(group[0].name)))
+    jobs = [(name, group) for group in groups for name in models]
     ctx.progress.reset(total=len(jobs))
     rows, lost_context = [], None
-    for name, recipe in jobs:
-        ctx.progress.set_postfix_str(f"{name}: {recipe.name}")
+    for name, group in jobs:
+        ctx.progress.set_postfix_str(f"{name}: {'/'.join(r.name for r in group)}")
         if lost_context is not None:
-            row = {"error": f"not run: the CUDA context was lost in {lost_context}"}
+            new = [{"error": f"not run: the CUDA context was lost in {lost_context}"} for _ in group]
         else:
             try:
-                row = _time_recipe(name, recipe, ctx)
+                new = _time_group(name, group, ctx)
             except Exception as exc:  # a recipe that fails (a capture, memory) is reported, not fatal to the others
-                row = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                new = [{"error": f"{type(exc).__name__}: {exc}"[:500]} for _ in group]
                 if "device-side assert" in str(exc) or "illegal memory access" in str(exc):
-                    lost_context = f"{name} {recipe.name}"
-            free_device_memory(ctx.device)
-        rows.append({**row, "model": model_name(name, ctx.cpu_small), "recipe": recipe.name, "label": recipe.label})
+                    lost_context = f"{name} {group[0].name}"
+        for row, recipe in zip(new, group):
+            rows.append({**row, "model": model_name(name, ctx.cpu_small), "recipe": recipe.name, "label": recipe.label})
         ctx.progress.update()
     order = {recipe.name: i for i, recipe in enumerate(RECIPES)}
     names = [model_name(name, ctx.cpu_small) for name in models]
@@ -331,7 +378,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 (["smoke run of tiny models: every recipe runs, the times say nothing about a GPU"] if models else [])
                 if ctx.cpu_small
                 else [
-                    "peak memory: torch.cuda.max_memory_allocated, reset before each recipe builds its model",
+                    "peak memory: torch.cuda.max_memory_allocated while the recipe builds and warms up, above what was "
+                    "allocated before",
+                    "fp16 and bf16, stock and ampkernels: built side by side and timed alternately, repeat by repeat",
                     "AMP recipes run with torch's default TF32 settings; fp32 forces TF32 off, tf32 forces it on",
                 ]
             ),

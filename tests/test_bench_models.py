@@ -64,3 +64,41 @@ def test_a_loss_away_from_stock_fails_the_check():
 def test_unknown_model_is_refused_by_name():
     with pytest.raises(ValueError, match="--models: unknown"):
         bench_models._models(_ctx(models=["resnet-51"]))
+
+
+def test_warmup_losses_are_checked_tightly_and_the_final_one_against_the_first():
+    recipe = bench_models.BY_NAME["fp16-ampkernels"]
+    baseline = {"recipe": "fp16-stock", "step_ms": 10.0, "warmup_losses": [7.0, 6.9, 6.8], "final_loss": 0.40}
+    # a model that memorized its batches: 3% of the final loss, 0.17% of the first step's
+    drifted = {"step_ms": 9.0, "warmup_losses": [7.0, 6.9, 6.8], "final_loss": 0.412}
+    bench_models._check(drifted, baseline, recipe)
+    assert drifted["check"] == "ok", drifted
+    early = {
+        "step_ms": 9.0,
+        "warmup_losses": [7.0, 6.9, 6.8 * (1 + 3 * bench_models.WARMUP_LOSS_RTOL)],
+        "final_loss": 0.4,
+    }
+    bench_models._check(early, baseline, recipe)
+    assert early["check"].startswith("FAILED: warm-up loss"), early
+    late = {"step_ms": 9.0, "warmup_losses": [7.0, 6.9, 6.8], "final_loss": 0.4 + 2 * bench_models.LOSS_RTOL * 7.0}
+    bench_models._check(late, baseline, recipe)
+    assert late["check"].startswith("FAILED: loss"), late
+
+
+def test_a_pair_that_does_not_fit_side_by_side_is_timed_one_after_the_other(monkeypatch):
+    pytest.importorskip("torchvision")
+    build = bench_models._build
+    calls = []
+
+    def build_one_at_a_time(name, recipe, ctx):
+        calls.append(recipe.name)
+        if len(calls) == 2:  # the second recipe of the pair, built beside the first
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return build(name, recipe, ctx)
+
+    monkeypatch.setattr(bench_models, "_build", build_one_at_a_time)
+    group = [bench_models.BY_NAME["bf16-stock"], bench_models.BY_NAME["bf16-ampkernels"]]
+    rows, iterations = bench_models._time_group("resnet-50", group, _ctx(), None)
+    assert [r["recipe"] for r in rows] == ["bf16-stock", "bf16-ampkernels"]
+    assert all(r["alternated"] is False and math.isfinite(r["final_loss"]) for r in rows) and iterations == 1
+    assert calls == ["bf16-stock", "bf16-ampkernels", "bf16-stock", "bf16-ampkernels"]

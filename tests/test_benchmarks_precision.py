@@ -60,6 +60,10 @@ def test_precision_benchmark_on_tiny_cpu_models(tmp_path):
     assert all(row["step_ms"] > 0 and row["peak_memory_gib"] is None for row in rows)
     assert all(row["final_loss"] == row["final_loss"] and row["final_loss"] > 0 for row in rows)  # finite
     assert [row["speedup_over_fp32"] == 1.0 for row in rows] == [row["recipe"] == "fp32" for row in rows]
+    # stock and ampkernels of one precision are timed alternately, the same loop length and repeat count
+    pair = [row for row in rows if row["recipe"] in ("bf16-stock", "bf16-ampkernels")]
+    assert [row["alternated"] for row in rows] == [row in pair for row in rows]
+    assert all(len(row["step_ms_per_repeat"]) == len(pair[0]["step_ms_per_repeat"]) for row in pair)
     table = bench_precision.report(document)
     assert "batch 4 x seq 32" in table and "batch 8 at 32 x 32" in table
     assert "ref ms" not in table and "TF32" not in table  # no GPU reference or GPU recipe on the CPU
