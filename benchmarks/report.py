@@ -1,8 +1,8 @@
 """Markdown result tables from the JSON files of ``python -m benchmarks``, so that every published figure comes from a
 run: ``python -m benchmarks.report benchmarks/published > benchmarks/README.md``.
 
-Reads ``<NAME>_<device>.json`` for every module (the first file per module, in name order), prints one section per
-module with the machine, the settings, the table, the notes and a link to the module's PNG where there is one.
+Reads every ``<NAME>_<device>.json`` (a module measured on two GPUs has two files), prints one section per module,
+and in it, per file, the machine, the settings, the table, the notes and a link to the file's PNG where there is one.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any
 from benchmarks import bench_grad_scaler, bench_optimizers
 from benchmarks.common import check_failures
 
-MODULE_ORDER = ("precision", "grad_scaler", "optimizers", "training", "scaled_matmul", "float8")
+MODULE_ORDER = ("models", "precision", "grad_scaler", "optimizers", "training", "scaled_matmul", "float8")
 TITLES = {
+    "models": "Model zoo: whole training steps, stock against ampkernels",
     "precision": "Training step by precision (FP32, TF32, FP16, BF16)",
     "grad_scaler": "Post-backward phase: torch.amp.GradScaler against FusedGradScaler",
     "optimizers": "AdamW step alone",
@@ -30,14 +31,14 @@ TITLES = {
 DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 
 
-def load(folder: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
-    """Module name -> (path, document) for the JSON files in ``folder``."""
-    found = {}
+def load(folder: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+    """Module name -> [(path, document)] for the JSON files in ``folder``, in name order."""
+    found: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     for path in sorted(folder.glob("*.json")):
         document = json.loads(path.read_text())
         name = document.get("benchmark")
-        if name in MODULE_ORDER and name not in found:
-            found[name] = (path, document)
+        if name in MODULE_ORDER:
+            found.setdefault(name, []).append((path, document))
     return found
 
 
@@ -104,6 +105,29 @@ def optimizers(doc: dict[str, Any]) -> list[str]:
         lines.append(f"| {r['set']} | {r['label']} | {_ms(r['wall_ms'])} | {rate} | {speedup} |{check}")
     extra = bench_optimizers.markdown(doc)  # the low-precision state and training-memory tables, when run
     return lines + ([""] + extra if extra else [])
+
+
+def models(doc: dict[str, Any]) -> list[str]:
+    lines = [
+        "| model | recipe | ms/step | vs stock | tokens or images /s | peak GiB | loss | check |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in doc["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['recipe']} | failed: {r['error'][:80]} | | | | | |")
+            continue
+        peak = "–" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:.2f}"
+        lines.append(
+            f"| {r['model']} | {r['recipe']} | {_ms(r['step_ms'])} | {_speedup(r.get('speedup_over_stock'))} | "
+            f"{r['per_second']:,.0f} | {peak} | {r['final_loss']:.4f} | {_check(r)} |"
+        )
+    descriptions = {r["model"]: r["description"] for r in doc["rows"] if "description" in r}
+    lines += [""] + [f"- {name}: {description}" for name, description in descriptions.items()]
+    converted = [f"{r['model']} {r['float8_layers'][0]} of {r['float8_layers'][1]}" for r in doc["rows"]
+                 if "float8_layers" in r]  # fmt: skip
+    if converted:
+        lines.append(f"- fp8: nn.Linear layers converted by convert_to_float8's size rule: {', '.join(converted)}")
+    return lines
 
 
 def training(doc: dict[str, Any]) -> list[str]:
@@ -272,6 +296,7 @@ def float8(doc: dict[str, Any]) -> list[str]:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "models": models,
     "precision": precision,
     "grad_scaler": grad_scaler,
     "optimizers": optimizers,
@@ -336,29 +361,34 @@ def render(folder: Path, relative_to: Path | None = None) -> str:
         "",
     ]
     for name in MODULE_ORDER:
-        if name not in documents:
-            continue
-        path, doc = documents[name]
-        lines += [f"## {TITLES[name]}", "", f"`{path.name}`: {_machine(doc)}.", ""]
-        lines += RENDERERS[name](doc)
-        notes = doc.get("notes", [])
-        if "timing_note" in doc:
-            notes = [*notes, doc["timing_note"]]
-        if notes:
-            lines += [""] + [f"- {note}" for note in notes]
-        warnings = doc.get("warnings", [])
-        lines += [""] + [f"- {warning}" for warning in warnings] if warnings else []
-        failures = check_failures(doc)
-        if failures:
-            lines += ["", "**FAILED CHECKS**: these timed results differ from stock's; their figures mean nothing:", ""]
-            lines += [f"- {failure}" for failure in failures]
-        elif name in CHECKED_MODULES and not _any_check(doc):
-            lines += ["", f"- checks: none recorded: {UNCHECKED}"]
-        png = path.with_suffix(".png")
-        if png.exists():
-            lines += ["", f"![{name}]({Path(os.path.relpath(png, relative_to)).as_posix()})"]
-        lines.append("")
+        for index, (path, doc) in enumerate(documents.get(name, [])):
+            lines += [f"## {TITLES[name]}", ""] if index == 0 else []
+            lines += _section(name, path, doc, relative_to)
     return "\n".join(_separate_tables(lines))
+
+
+def _section(name: str, path: Path, doc: dict[str, Any], relative_to: Path) -> list[str]:
+    """One JSON file's part of its module's section."""
+    lines = [f"`{path.name}`: {_machine(doc)}.", ""]
+    lines += RENDERERS[name](doc)
+    notes = doc.get("notes", [])
+    if "timing_note" in doc:
+        notes = [*notes, doc["timing_note"]]
+    if notes:
+        lines += [""] + [f"- {note}" for note in notes]
+    warnings = doc.get("warnings", [])
+    lines += [""] + [f"- {warning}" for warning in warnings] if warnings else []
+    failures = check_failures(doc)
+    if failures:
+        lines += ["", "**FAILED CHECKS**: these timed results differ from stock's; their figures mean nothing:", ""]
+        lines += [f"- {failure}" for failure in failures]
+    elif name in CHECKED_MODULES and not _any_check(doc):
+        lines += ["", f"- checks: none recorded: {UNCHECKED}"]
+    png = path.with_suffix(".png")
+    if png.exists():
+        lines += ["", f"![{name}]({Path(os.path.relpath(png, relative_to)).as_posix()})"]
+    lines.append("")
+    return lines
 
 
 def redraw(folder: Path) -> list[Path]:
@@ -368,7 +398,7 @@ def redraw(folder: Path) -> list[Path]:
     from benchmarks.common import CPU_SMALL_NOTE, describe_environment
 
     drawn = []
-    for name, (path, doc) in load(folder).items():
+    for name, path, doc in ((name, *entry) for name, entries in load(folder).items() for entry in entries):
         module = importlib.import_module(f"benchmarks.bench_{name}")
         title = f"{name}: {describe_environment(doc['environment'])}"
         if doc["mode"] != "gpu":

@@ -19,7 +19,7 @@ def test_results_readme_is_generated_from_the_published_json():
     assert (ROOT / "benchmarks" / "README.md").read_text() == rendered, (
         "benchmarks/README.md is out of date: python -m benchmarks.report benchmarks/published > benchmarks/README.md"
     )
-    documents = report.load(PUBLISHED)
+    documents = report.load(PUBLISHED)  # module -> [(path, document)], one per GPU measured
     assert {"grad_scaler", "optimizers", "training", "scaled_matmul"} <= documents.keys()
     for name in documents:
         assert f"## {report.TITLES[name]}" in rendered

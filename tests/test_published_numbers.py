@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "benchmarks" / "published"
 
 
-def _load(name: str) -> dict:
-    return json.loads((PUBLISHED / f"{name}_nvidia-h200.json").read_text())
+def _load(name: str, gpu: str = "nvidia-h200") -> dict:
+    return json.loads((PUBLISHED / f"{name}_{gpu}.json").read_text())
 
 
 def _table(text: str, header_start: str) -> dict[str, list[str]]:
@@ -150,6 +150,11 @@ def test_the_footnotes_quote_the_published_json(readme):
     peaks = f"{min(r['peak_gib'] for r in fp8):.1f}–{max(r['peak_gib'] for r in fp8):.1f} GiB"
     base = next(r for r in stack if r["key"] == "bf16-eager")["peak_gib"]
     assert f"({peaks} against {base:.1f})" in readme
+    rows = {r["recipe"]: r["step_ms"] for r in _load("training", "nvidia-h100-80gb-hbm3")["rows"]
+            if r["model"] == "tiny-gpt2"}  # fmt: skip
+    stock, best, ours = rows["stock-fused"], rows["stock-fused-graphed"], rows["ampkernels-graphed"]
+    quoted = f"stock eager {stock:.1f} ms, stock graphed {best:.2f} ms, ampkernels graphed {ours:.2f} ms, "
+    assert quoted + f"{_ratio(stock / ours)} / {_ratio(best / ours)} (`training_nvidia-h100-80gb-hbm3.json`)" in readme
 
 
 def test_formats():
@@ -161,3 +166,17 @@ def test_formats():
         "1.28 ms",
     ]
     assert [_ratio(2.1336), _ratio(0.9696), _ratio(433.4), _ratio(331.8)] == ["2.13×", "0.97×", "433×", "332×"]
+
+
+def test_cuda_graphs_doc_quotes_the_published_graphed_stock_run():
+    doc = " ".join((ROOT / "docs" / "cuda-graphs.md").read_text().split())
+    rows = _load("training", "nvidia-h100-80gb-hbm3")["rows"]
+    quoted = []
+    for model, label, digits in (("tiny-gpt2", "tiny GPT-2", 2), ("mlp-800", "the 800-tensor MLP", 2)):
+        by = {r["recipe"]: r["step_ms"] for r in rows if r["model"] == model}
+        stock, ours = by["stock-fused-graphed"], by["ampkernels-graphed"]
+        quoted.append(f"{label} {stock:.{digits}f} → {ours:.{digits}f} ms ({_ratio(stock / ours)})")
+    by = {r["recipe"]: r["step_ms"] for r in rows if r["model"] == "bert-base"}
+    stock, ours = by["stock-fused-graphed"], by["ampkernels-graphed"]
+    quoted.append(f"BERT-base {stock:.1f} → {ours:.1f} ms ({_ratio(stock / ours)})")
+    assert "graphed against graphed: " + ", ".join(quoted) in doc
