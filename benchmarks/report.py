@@ -121,7 +121,10 @@ def models(doc: dict[str, Any]) -> list[str]:
             f"| {r['model']} | {r['recipe']} | {_ms(r['step_ms'])} | {_speedup(r.get('speedup_over_stock'))} | "
             f"{r['per_second']:,.0f} | {peak} | {r['final_loss']:.4f} | {_check(r)} |"
         )
-    descriptions = {r["model"]: r["description"] for r in doc["rows"] if "description" in r}
+    descriptions: dict[str, str] = {}
+    for r in doc["rows"]:  # the model's own loop first: a framework row's description names the framework
+        if "description" in r and "through" not in r["description"]:
+            descriptions.setdefault(r["model"], r["description"])
     lines += [""] + [f"- {name}: {description}" for name, description in descriptions.items()]
     converted = [f"{r['model']} {r['float8_layers'][0]} of {r['float8_layers'][1]}" for r in doc["rows"]
                  if "float8_layers" in r]  # fmt: skip

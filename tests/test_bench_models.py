@@ -75,11 +75,16 @@ def test_warmup_losses_are_checked_tightly_and_the_final_one_against_the_first()
     assert drifted["check"] == "ok", drifted
     early = {
         "step_ms": 9.0,
-        "warmup_losses": [7.0, 6.9, 6.8 * (1 + 3 * bench_models.WARMUP_LOSS_RTOL)],
+        "warmup_losses": [7.0, 6.9, 6.8 * (1 + 3 * bench_models.warmup_loss_rtol(recipe))],
         "final_loss": 0.4,
     }
     bench_models._check(early, baseline, recipe)
     assert early["check"].startswith("FAILED: warm-up loss"), early
+    bf16 = bench_models.BY_NAME["bf16-ampkernels"]  # bf16's rounding unit: 8x fp16's
+    assert bench_models.warmup_loss_rtol(bf16) == 8 * bench_models.warmup_loss_rtol(recipe) == 2**-7
+    drifted_bf16 = {"step_ms": 9.0, "warmup_losses": [7.0, 6.9, 6.8 * (1 + 3.4e-3)], "final_loss": 0.4}
+    bench_models._check(drifted_bf16, {**baseline, "recipe": "bf16-stock"}, bf16)
+    assert drifted_bf16["check"] == "ok", drifted_bf16
     late = {"step_ms": 9.0, "warmup_losses": [7.0, 6.9, 6.8], "final_loss": 0.4 + 2 * bench_models.LOSS_RTOL * 7.0}
     bench_models._check(late, baseline, recipe)
     assert late["check"].startswith("FAILED: loss"), late

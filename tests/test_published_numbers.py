@@ -54,12 +54,17 @@ def _post_backward(set_name: str) -> list[str]:
 
 
 def _tiny_gpt2() -> list[str]:
-    rows = {r["recipe"]: r for r in _load("training")["rows"] if r["model"] == "tiny-gpt2"}
-    stock, ours = rows["stock-fused"]["step_ms"], rows["ampkernels-graphed"]["step_ms"]
-    if "stock-fused-graphed" not in rows:  # the published run predates it: the README says so (footnote 2)
-        return [_ms(stock), "–²", _ms(ours), f"{_ratio(stock / ours)} / –²"]
-    best = rows["stock-fused-graphed"]["step_ms"]
+    rows = {r["recipe"]: r["step_ms"] for r in _load("training", "nvidia-h100-80gb-hbm3")["rows"]
+            if r["model"] == "tiny-gpt2"}  # fmt: skip
+    stock, best, ours = rows["stock-fused"], rows["stock-fused-graphed"], rows["ampkernels-graphed"]
     return [_ms(stock), _ms(best), _ms(ours), f"{_ratio(stock / ours)} / {_ratio(best / ours)}"]
+
+
+def _tiny_gpt2_h200() -> str:
+    """Footnote 2's figures of the H200 run, which has no graphed stock recipe."""
+    rows = {r["recipe"]: r["step_ms"] for r in _load("training")["rows"] if r["model"] == "tiny-gpt2"}
+    stock, ours = rows["stock-fused"], rows["ampkernels-graphed"]
+    return f"(there, stock eager {stock:.1f} ms, ampkernels graphed {ours:.2f} ms, {_ratio(stock / ours)})"
 
 
 def _matmul() -> list[str]:
@@ -82,7 +87,7 @@ HEADLINE = {
     "post-backward phase¹, BERT-base (110M params, 202 tensors)": lambda: _post_backward("bert-base"),
     "post-backward phase¹, Llama-1B-shaped (1.26B params, 201 tensors)": lambda: _post_backward("llama-1b"),
     "post-backward phase¹, 10,000 tensors of 1024 elements": lambda: _post_backward("many-small"),
-    "tiny GPT-2 training step: stock eager, ampkernels captured whole in a CUDA graph²": _tiny_gpt2,
+    "tiny GPT-2 training step, H100 run²: stock eager, ampkernels captured whole in a CUDA graph": _tiny_gpt2,
     "`scale * (a @ b)` bf16/fp16 with a device-tensor scale, geomean of 15 shapes³": _matmul,
 }
 
@@ -150,11 +155,7 @@ def test_the_footnotes_quote_the_published_json(readme):
     peaks = f"{min(r['peak_gib'] for r in fp8):.1f}–{max(r['peak_gib'] for r in fp8):.1f} GiB"
     base = next(r for r in stack if r["key"] == "bf16-eager")["peak_gib"]
     assert f"({peaks} against {base:.1f})" in readme
-    rows = {r["recipe"]: r["step_ms"] for r in _load("training", "nvidia-h100-80gb-hbm3")["rows"]
-            if r["model"] == "tiny-gpt2"}  # fmt: skip
-    stock, best, ours = rows["stock-fused"], rows["stock-fused-graphed"], rows["ampkernels-graphed"]
-    quoted = f"stock eager {stock:.1f} ms, stock graphed {best:.2f} ms, ampkernels graphed {ours:.2f} ms, "
-    assert quoted + f"{_ratio(stock / ours)} / {_ratio(best / ours)} (`training_nvidia-h100-80gb-hbm3.json`)" in readme
+    assert _tiny_gpt2_h200() in readme
 
 
 def test_formats():
@@ -180,3 +181,71 @@ def test_cuda_graphs_doc_quotes_the_published_graphed_stock_run():
     stock, ours = by["stock-fused-graphed"], by["ampkernels-graphed"]
     quoted.append(f"BERT-base {stock:.1f} → {ours:.1f} ms ({_ratio(stock / ours)})")
     assert "graphed against graphed: " + ", ".join(quoted) in doc
+
+
+# README's model-zoo table: label -> the zoo's model name; each cell is the ratio in the run the last column names.
+ZOO_MODELS = {
+    "BERT-base, 32 × 512": "bert-base",
+    "GPT-2 124M, 8 × 1024": "gpt2",
+    "Llama 1.1B, 4 × 2048": "llama-1b",
+    "T5-small, 32 × (512 + 128)": "t5-small",
+    "ResNet-50, 64 × 224²": "resnet-50",
+    "ResNet-50 channels_last": "resnet-50-cl",
+    "ViT-B/16, 64 × 224²": "vit-b16",
+    "ConvNeXt-T (timm), channels_last": "convnext-t",
+}
+ZOO_FRAMEWORKS = {"trainer": "Trainer", "accelerate": "Accelerate", "lightning": "Lightning"}
+
+
+def _zoo_cells(model: str, run: int) -> list[str]:
+    document = json.loads((PUBLISHED / f"models_nvidia-h100-80gb-hbm3_{run}.json").read_text())
+    rows = {r["recipe"]: r for r in document["rows"] if r["model"] == model}
+
+    def ratio(recipe: str, mark: str = "") -> str:
+        row = rows.get(recipe)
+        if row is None:
+            return ""
+        return f"{row['speedup_over_stock']:.3f}×{mark}" if "speedup_over_stock" in row else f"–{mark}"
+
+    float8 = ratio("fp8-ampkernels")
+    if float8 and "bf16-ampkernels-8bit" in rows:
+        float8 += f"; 8-bit state {ratio('bf16-ampkernels-8bit')}"
+    elif float8 and rows["fp8-ampkernels"].get("float8_layers", [None])[0] in (0, None):
+        float8 += "⁴"  # no layer converted (or not an nn.Linear model): footnote 4
+    graphed = ratio("fp16-ampkernels-graphed")
+    if graphed == "–":
+        graphed += "⁵"  # did not fit side by side: footnote 5
+    frameworks = ", ".join(
+        f"{label} {ratio(f'ampkernels-{name}')}"
+        for name, label in ZOO_FRAMEWORKS.items()
+        if f"ampkernels-{name}" in rows
+    )
+    return [ratio("fp16-ampkernels"), graphed, ratio("bf16-ampkernels"), float8, frameworks, str(run)]
+
+
+def test_model_zoo_table_is_the_published_json(readme):
+    rows = _table(readme, "| model | fp16 eager | fp16 graphed | bf16 eager | FP8 |")
+    assert set(rows) == set(ZOO_MODELS)
+    for label, model in ZOO_MODELS.items():
+        assert rows[label] == _zoo_cells(model, int(rows[label][-1])), label
+    # each row quotes the latest published run that has the model
+    runs = sorted(PUBLISHED.glob("models_nvidia-h100-80gb-hbm3_*.json"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    for label, model in ZOO_MODELS.items():
+        latest = [p for p in runs if any(r["model"] == model for r in json.loads(p.read_text())["rows"])][-1]
+        assert rows[label][-1] == latest.stem.rsplit("_", 1)[1], label
+
+
+def test_model_zoo_prose_quotes_the_published_json(readme):
+    text = " ".join(readme.split())
+
+    def speedup(run: int, model: str, recipe: str) -> float:
+        document = json.loads((PUBLISHED / f"models_nvidia-h100-80gb-hbm3_{run}.json").read_text())
+        return next(r for r in document["rows"] if r["model"] == model and r["recipe"] == recipe)["speedup_over_stock"]
+
+    trainer = f"Trainer at {speedup(6, 'bert-base', 'ampkernels-trainer'):.3f}× "
+    trainer += f"({speedup(2, 'bert-base', 'ampkernels-trainer'):.3f}× in an earlier single-round run)"
+    assert trainer in text
+    cl = f"channels_last bf16 measured {speedup(3, 'resnet-50-cl', 'bf16-ampkernels'):.3f}× "
+    assert cl + f"({speedup(4, 'resnet-50-cl', 'bf16-ampkernels'):.3f}× here)" in text
+    assert f"ran in FP8 at {speedup(2, 'bert-base', 'fp8-ampkernels'):.2f}× (run 2)" in text
+    assert f"eager ResNet-50 is {speedup(4, 'resnet-50', 'fp16-ampkernels'):.3f}× stock (model zoo above)" in text

@@ -1,5 +1,5 @@
 """Tracked files speak of the code and its measurements, not of how the work was organised: no issue numbers, work
-periods or borrowed machines (the words the project's pre-stop hook greps for, and "borrowed" GPUs)."""
+periods or the machines the work ran on (the words the project's pre-stop hook greps for, and more)."""
 
 import re
 import shutil
