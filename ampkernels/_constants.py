@@ -1,5 +1,10 @@
 """Constants the Python, Triton and C++ sides of ampkernels must agree on (C++: csrc's shared headers)."""
 
+import torch
+
+# The FP8 formats ampkernels casts to and multiplies: e4m3 (forward operands) and e5m2 (gradients).
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
 # Norm codes of the multi-tensor unscale/norm kernels (the Triton kernels' NORM constexpr; the C++ ops' norm code).
 NORM_NONE = 0
 NORM_L2 = 1

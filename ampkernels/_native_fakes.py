@@ -14,6 +14,7 @@ import math
 import torch
 
 from ampkernels import dispatch
+from ampkernels._constants import FLOAT8_DTYPES
 
 # Every op of the native extension: tests/test_native_fakes.py checks this list against the registered schemas.
 NATIVE_OPS = (
@@ -35,7 +36,6 @@ NATIVE_OPS = (
 # sets of errors case by case, so that one cannot drift from the other unnoticed.
 
 _GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _INT32_MAX = 2**31 - 1
 
 
@@ -174,8 +174,8 @@ def _scaled_matmul_fp8_fake(
 ):
     _check(a.dim() == 2, "a", lambda: f"expected a 2-D tensor, got {a.dim()} dimensions")
     _check(b.dim() == 2, "b", lambda: f"expected a 2-D tensor, got {b.dim()} dimensions")
-    _check(a.dtype in _FLOAT8_DTYPES, "a", lambda: f"expected float8_e4m3fn or float8_e5m2, got {a.dtype}")
-    _check(b.dtype in _FLOAT8_DTYPES, "b", lambda: f"expected float8_e4m3fn or float8_e5m2, got {b.dtype}")
+    _check(a.dtype in FLOAT8_DTYPES, "a", lambda: f"expected float8_e4m3fn or float8_e5m2, got {a.dtype}")
+    _check(b.dtype in FLOAT8_DTYPES, "b", lambda: f"expected float8_e4m3fn or float8_e5m2, got {b.dtype}")
     _check(
         not (a.dtype == torch.float8_e5m2 and b.dtype == torch.float8_e5m2),
         "b",
@@ -211,7 +211,7 @@ def _to_float8_native_fake(x, dtype, per_row, write_data, write_t, scale, amax_o
     )
     _check(x.dim() == 2, "x", lambda: f"expected a 2-D tensor [M, K], got {x.dim()} dimensions")
     _check(x.numel() > 0, "x", lambda: f"expected at least one element, got shape {list(x.shape)}")
-    _check(dtype in _FLOAT8_DTYPES, "dtype", lambda: f"expected float8_e4m3fn or float8_e5m2, got {dtype}")
+    _check(dtype in FLOAT8_DTYPES, "dtype", lambda: f"expected float8_e4m3fn or float8_e5m2, got {dtype}")
     _check(write_data or write_t, "write_data", "nothing to write: write_data and write_t are both false")
     _check(not (per_row and write_data and write_t), "per_row", "the pair (both layouts) is tensorwise only")
     M, K = x.shape

@@ -614,7 +614,6 @@ def adam_step_blockwise(
 # FP8: casts with per-tensor or per-row scales (ampkernels.float8)
 # --------------------------------------------------------------------------------------------------------------------
 
-FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: Floor of the amax a scale is computed from (torchao's): an all-zero tensor gets a large finite scale, not inf.
 FLOAT8_AMAX_FLOOR = 1e-12
 FLOAT8_GRANULARITIES = ("tensor", "row")

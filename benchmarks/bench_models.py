@@ -477,7 +477,7 @@ def _first_steps(lives: list[_Live], iterations: int | None, ctx: RunContext) ->
 
 
 def _framework_rows(name: str, recipes: list[Recipe], ctx: RunContext) -> list[dict[str, Any]]:
-    """Stock and ours through the framework, FRAMEWORK_ROUNDS rounds alternating; the median step over all rounds."""
+    """Stock and ours through the framework, ``zoo_frameworks.ROUNDS`` rounds alternating; the median step of all."""
     reason = zoo_frameworks.why_not(recipes[0].framework)
     if reason is not None:
         return [{"model": name, "recipe": recipe.name, "error": f"skipped: {reason}"} for recipe in recipes]

@@ -14,8 +14,9 @@ import math
 import torch
 
 from ampkernels import dispatch, reference
+from ampkernels._constants import FLOAT8_DTYPES
 from ampkernels.matmul.api import _plain_eager
-from ampkernels.reference import FLOAT8_DTYPES, FLOAT8_GRANULARITIES
+from ampkernels.reference import FLOAT8_GRANULARITIES
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 

@@ -22,11 +22,11 @@ import numbers
 import torch
 
 from ampkernels import dispatch
-from ampkernels._constants import SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
+from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
 from ampkernels._modules import buffers_keep_dtype
 from ampkernels.matmul import dispatch as matmul_dispatch
 from ampkernels.matmul import ops as _ops  # noqa: F401  (registers the torch.library ops)
-from ampkernels.matmul.dispatch import FLOAT8_DTYPES, auto_backend, cublas_refuses, launch, launch_float8
+from ampkernels.matmul.dispatch import auto_backend, cublas_refuses, launch, launch_float8
 from ampkernels.triton import capturing
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)

@@ -12,7 +12,7 @@ from collections import deque
 import torch
 
 from ampkernels import dispatch, reference
-from ampkernels._constants import SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
+from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
 from ampkernels.triton import capturing, num_sms, time_in_turns
 
 # NOTE (H200, benchmarks/bench_scaled_matmul.py, at the steady power-capped clock): on the large shapes Triton and
@@ -142,8 +142,6 @@ def clear_caches() -> None:
 # --------------------------------------------------------------------------------------------------------------------
 # Float8 operands (and 16-bit ones with amax_out)
 # --------------------------------------------------------------------------------------------------------------------
-
-FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def cublas_refuses(K: int, N: int, device: torch.device) -> str | None:

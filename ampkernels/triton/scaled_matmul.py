@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ampkernels import dispatch
-from ampkernels._constants import SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR  # noqa: F401  (scale_mode values)
+from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR  # noqa: F401 (scale_mode)
 from ampkernels.triton import capturing, num_sms, on_device_of_first_tensor, time_in_turns
 from ampkernels.triton.scaled_matmul_kernels import _scaled_mm_ptr_kernel, _scaled_mm_tma_kernel
 
@@ -116,7 +116,6 @@ def _float8_configs(configs: tuple[Config, ...]) -> tuple[Config, ...]:
     return tuple(dataclasses.replace(c, block_k=2 * c.block_k) for c in configs)
 
 
-FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Below this many multiply-adds a problem runs in microseconds: tuning it would cost more than it saves.
 TUNE_MIN_MACS = 2**30
 
