@@ -70,7 +70,7 @@ def _intersecting(signature) -> tuple[int, int] | None:
 
 
 class TensorTable:
-    """Device metadata of a tensor list (DESIGN.md), built once with vectorised torch ops.
+    """Device metadata of a tensor list (dev/design.md), built once with vectorised torch ops.
 
     Args:
         tensors: the tensors (float32/float16/bfloat16/float64, non-overlapping and dense, on ``device``).
@@ -189,7 +189,7 @@ def unscale_reduce_(
 ):
     """Fused unscale (in place unless ``write=False``), non-finite check and norm over a tensor list.
 
-    Same contract as ``reference.unscale_reduce_`` (DESIGN.md kernels 1 and 2), on arguments checked by
+    Same contract as ``reference.unscale_reduce_`` (dev/design.md, kernels 1 and 2), on arguments checked by
     :func:`ampkernels.ops.unscale_reduce_` (this function checks nothing but the shared memory its table finds).
 
     Args:
@@ -302,8 +302,8 @@ def update_scale_(
     history: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
 ) -> None:
-    """Loss-scale update in one single-program launch (DESIGN.md kernel 3; ``reference.update_scale_``), on arguments
-    checked by :func:`ampkernels.ops.update_scale_`.
+    """Loss-scale update in one single-program launch (dev/design.md kernel 3; ``reference.update_scale_``), on
+    arguments checked by :func:`ampkernels.ops.update_scale_`.
 
     Args:
         scale: float32 [1], updated in place.

@@ -252,7 +252,7 @@ def _update_scale_kernel(
     HAS_COUNTERS: tl.constexpr,
     HAS_HISTORY: tl.constexpr,
 ):
-    """DESIGN.md kernel 3. ``*_bits`` are the float64 bit patterns of the factors (Triton float args are fp32)."""
+    """dev/design.md, kernel 3. ``*_bits`` are the float64 bit patterns of the factors (Triton float args are fp32)."""
     growth = growth_bits.to(tl.int64).to(tl.float64, bitcast=True)
     backoff = backoff_bits.to(tl.int64).to(tl.float64, bitcast=True)
     s = tl.load(scale)
