@@ -61,9 +61,18 @@ def _unwrap(optimizer: Any) -> Any:
 
 
 class _Setup:
-    """What the Trainer and Fabric plugins share: arguments, the scaler, the FP8 conversion."""
+    """What the Trainer and Fabric plugins share: arguments, the scaler, the FP8 conversion (a mixin placed before
+    Lightning's plugin class, whose ``__init__(precision, device, scaler)`` and ``convert_module`` it extends)."""
 
-    def _ampkernels_init(self, precision, device, scaler, float8, float8_options) -> tuple[str, Any]:
+    def __init__(
+        self,
+        precision: str = "16-mixed",
+        device: str | None = None,
+        scaler: FusedGradScaler | None = None,
+        *,
+        float8: str | Float8Recipe | None = None,
+        float8_options: dict[str, Any] | None = None,
+    ) -> None:
         name = type(self).__name__
         if precision not in ("16-mixed", "bf16-mixed"):
             raise ValueError(f"{name}: argument 'precision' must be '16-mixed' or 'bf16-mixed', got {precision!r}")
@@ -85,9 +94,10 @@ class _Setup:
             raise ValueError(f"{name}: argument 'float8_options' was given without 'float8'")
         self.float8 = float8
         self.float8_options = dict(float8_options or {})
-        return device, scaler
+        super().__init__(precision, device, scaler)
 
-    def _convert_float8(self, module: torch.nn.Module) -> torch.nn.Module:
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        module = super().convert_module(module)
         if self.float8 is None:
             return module
         return convert_to_float8(module, self.float8, **self.float8_options)
@@ -107,21 +117,6 @@ class MixedPrecision(_Setup, _TrainerMixedPrecision):
 
     Checkpoints: Lightning files the plugin's state under the class name, ``"MixedPrecision"``, as the stock one.
     """
-
-    def __init__(
-        self,
-        precision: str = "16-mixed",
-        device: str | None = None,
-        scaler: FusedGradScaler | None = None,
-        *,
-        float8: str | Float8Recipe | None = None,
-        float8_options: dict[str, Any] | None = None,
-    ) -> None:
-        device, scaler = self._ampkernels_init(precision, device, scaler, float8, float8_options)
-        _TrainerMixedPrecision.__init__(self, precision, device, scaler)
-
-    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        return self._convert_float8(super().convert_module(module))
 
     def clip_gradients(
         self,
@@ -151,21 +146,6 @@ class FabricMixedPrecision(_Setup, _FabricMixedPrecision):
     those that take the scale): it unscales through the fused scaler and clips with torch. :meth:`clip_grad_norm_`
     is the fused clip.
     """
-
-    def __init__(
-        self,
-        precision: str = "16-mixed",
-        device: str | None = None,
-        scaler: FusedGradScaler | None = None,
-        *,
-        float8: str | Float8Recipe | None = None,
-        float8_options: dict[str, Any] | None = None,
-    ) -> None:
-        device, scaler = self._ampkernels_init(precision, device, scaler, float8, float8_options)
-        _FabricMixedPrecision.__init__(self, precision, device, scaler)
-
-    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        return self._convert_float8(super().convert_module(module))
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is not None:
