@@ -24,7 +24,9 @@ A step: zero_grad, forward under autocast, backward, clip to max_norm 1.0, AdamW
 - ``bf16-ampkernels-8bit`` (``llama-1b``): ``FusedAdamW`` with 8-bit moments, against ``bf16-stock``;
 - ``stock-trainer`` / ``ampkernels-trainer`` (``bert-base``), ``stock-accelerate`` / ``ampkernels-accelerate`` and
   ``stock-lightning`` / ``ampkernels-lightning`` (``gpt2``): fp16 training through Hugging Face ``Trainer``,
-  Accelerate and Lightning, stock against ``ampkernels.integrations`` (:mod:`benchmarks.zoo_frameworks`).
+  Accelerate and Lightning, stock against ``ampkernels.integrations`` (:mod:`benchmarks.zoo_frameworks`);
+- ``stock-trainer-bf16`` / ``ampkernels-trainer-fp8-8bit`` and the same pair for ``lightning`` (``llama-1b``):
+  everything asked for through the framework (FP8 layers, 8-bit AdamW state) against stock bf16 through it.
 
 Method: the two recipes compared with each other (stock and ampkernels of one precision, eager or graphed) live side
 by side and are timed alternately, repeat by repeat, so that clock and host drift fall on both alike. Every recipe of
@@ -100,6 +102,7 @@ class Recipe:
     moments: str | None = None  # FusedAdamW's exp_avg_dtype / exp_avg_sq_dtype
     baseline: str | None = None  # the stock recipe its ratio and loss are taken against
     framework: str | None = None  # trained through this framework (benchmarks.zoo_frameworks), not our loop
+    models: tuple[str, ...] | None = None  # the zoo models it runs on (None: every one its options allow)
 
     @property
     def stock(self) -> bool:
@@ -117,10 +120,31 @@ RECIPES = (
     Recipe("bf16-ampkernels-8bit", "ampkernels", torch.bfloat16, moments="8bit", baseline="bf16-stock"),
     *(
         recipe
-        for fw in zoo_frameworks.FRAMEWORKS
+        for fw, (model, _) in zoo_frameworks.FRAMEWORKS.items()
         for recipe in (
-            Recipe(f"stock-{fw}", "stock", torch.float16, framework=fw),
-            Recipe(f"ampkernels-{fw}", "ampkernels", torch.float16, baseline=f"stock-{fw}", framework=fw),
+            Recipe(f"stock-{fw}", "stock", torch.float16, framework=fw, models=(model,)),
+            Recipe(
+                f"ampkernels-{fw}", "ampkernels", torch.float16, baseline=f"stock-{fw}", framework=fw, models=(model,)
+            ),
+        )
+    ),
+    # What a user gets by asking for everything through a framework: FP8 layers and 8-bit AdamW state, against stock
+    # bf16 through the same framework.
+    *(
+        recipe
+        for fw in zoo_frameworks.EVERYTHING_FRAMEWORKS
+        for recipe in (
+            Recipe(f"stock-{fw}-bf16", "stock", torch.bfloat16, framework=fw, models=("llama-1b",)),
+            Recipe(
+                f"ampkernels-{fw}-fp8-8bit",
+                "ampkernels",
+                torch.bfloat16,
+                float8=True,
+                moments="8bit",
+                baseline=f"stock-{fw}-bf16",
+                framework=fw,
+                models=("llama-1b",),
+            ),
         )
     ),
 )
@@ -132,6 +156,7 @@ CPU_FULL_RECIPES += tuple(r.name for r in RECIPES if r.framework)
 PAIRS = (("fp16-stock", "fp16-ampkernels"), ("fp16-stock-graphed", "fp16-ampkernels-graphed"))
 PAIRS += (("bf16-stock", "bf16-ampkernels"),)
 PAIRS += tuple((f"stock-{fw}", f"ampkernels-{fw}") for fw in zoo_frameworks.FRAMEWORKS)
+PAIRS += tuple((f"stock-{fw}-bf16", f"ampkernels-{fw}-fp8-8bit") for fw in zoo_frameworks.EVERYTHING_FRAMEWORKS)
 
 
 # ---- models ----
@@ -300,7 +325,7 @@ def _recipes_of(name: str, ctx: RunContext) -> list[Recipe]:
         names = [r.name for r in RECIPES] if ctx.full or ctx.models else DEFAULT_RECIPES
     recipes = [BY_NAME[n] for n in names]
     recipes = [r for r in recipes if not r.float8 or name in TRANSFORMERS]
-    recipes = [r for r in recipes if r.framework is None or zoo_frameworks.FRAMEWORKS[r.framework][0] == name]
+    recipes = [r for r in recipes if r.models is None or name in r.models]
     return [r for r in recipes if r.moments is None or name == "llama-1b"]
 
 
@@ -486,7 +511,10 @@ def _framework_rows(name: str, recipes: list[Recipe], ctx: RunContext) -> list[d
         for recipe in recipes:
             runs[recipe.name].append(
                 zoo_frameworks.time_framework(
-                    recipe.framework, lambda: MODELS[name][0](ctx.cpu_small), ctx.device, ours=not recipe.stock
+                    recipe.framework,
+                    lambda: MODELS[name][0](ctx.cpu_small),
+                    ctx.device,
+                    zoo_frameworks.Options(not recipe.stock, recipe.autocast, recipe.float8, recipe.moments),
                 )
             )
             free_device_memory(ctx.device)
@@ -640,7 +668,9 @@ def _geomean(values: list[float]) -> float | None:
 def summary(document: dict[str, Any]) -> list[str]:
     lines = []
     ours = ("fp16-ampkernels", "fp16-ampkernels-graphed", "bf16-ampkernels", "fp8-ampkernels", "bf16-ampkernels-8bit")
-    for recipe in ours + tuple(f"ampkernels-{fw}" for fw in zoo_frameworks.FRAMEWORKS):
+    ours += tuple(f"ampkernels-{fw}" for fw in zoo_frameworks.FRAMEWORKS)
+    ours += tuple(f"ampkernels-{fw}-fp8-8bit" for fw in zoo_frameworks.EVERYTHING_FRAMEWORKS)
+    for recipe in ours:
         rows = [r for r in document["rows"] if r["recipe"] == recipe and "speedup_over_stock" in r]
         if not rows:
             continue

@@ -7,11 +7,15 @@
   ours ``ampkernels.integrations.accelerate.Accelerator`` with FusedAdamW).
 - ``lightning``: GPT-2 through ``lightning.Trainer`` (stock ``precision="16-mixed"``, foreach AdamW since stock
   Lightning refuses to clip a fused optimizer; ours ``MixedPrecision("16-mixed")`` with FusedAdamW).
+- ``trainer`` and ``lightning`` on ``llama-1b`` with everything asked for: ours with bf16 autocast, FP8 layers
+  (``convert_to_float8`` tensorwise: ``Trainer(model=convert_to_float8(model))``, ``MixedPrecision("bf16-mixed",
+  float8="tensorwise")``) and 8-bit AdamW state (``adamw_kwargs``, ``FusedAdamW(exp_avg_dtype="8bit", ...)``), against
+  stock bf16 through the same framework. A CUDA-graphed step is not offered by either integration.
 
-Each step: fp16 autocast, clip to 1.0, AdamW (lr 1e-4). Time: the wall time of each step after ``WARMUP`` (from the
-synchronized end of one to the synchronized end of the next), ``ROUNDS`` runs of stock and ours alternating, the
-median over all of a recipe's steps (a framework's occasional slow step, e.g. a garbage collection, does not move
-it); the loss: the mean training loss over every step of the first run, checked against stock's.
+Each step: fp16 autocast (bf16 where named), clip to 1.0, AdamW (lr 1e-4). Time: the wall time of each step after
+``WARMUP`` (from the synchronized end of one to the synchronized end of the next), ``ROUNDS`` runs of stock and ours
+alternating, the median over all of a recipe's steps (a framework's occasional slow step, e.g. a garbage collection,
+does not move it); the loss: the mean training loss over every step of the first run, checked against stock's.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +36,27 @@ ROUNDS = 2  # NOTE: one run of 12 steps each, stock then ours, put Trainer/BERT 
 LR, MAX_NORM = 1e-4, 1.0
 FRAMEWORKS = {"trainer": ("bert-base", "transformers"), "accelerate": ("gpt2", "accelerate")}
 FRAMEWORKS["lightning"] = ("gpt2", "lightning")
+EVERYTHING_FRAMEWORKS = ("trainer", "lightning")
+
+
+@dataclass(frozen=True)
+class Options:
+    """One recipe through a framework: ours (ampkernels.integrations) or stock, and what it asks for."""
+
+    ours: bool
+    autocast: torch.dtype = torch.float16  # on a GPU; the CPU runs bf16
+    float8: bool = False  # ours: convert_to_float8(model, "tensorwise")
+    moments: str | None = None  # ours: FusedAdamW's exp_avg_dtype / exp_avg_sq_dtype
+
+    def precision(self, device: torch.device) -> torch.dtype:
+        return self.autocast if device.type == "cuda" else torch.bfloat16
+
+    def adamw_kwargs(self) -> dict[str, str]:
+        return {"exp_avg_dtype": self.moments, "exp_avg_sq_dtype": self.moments} if self.moments else {}
+
+    def float8_options(self, device: torch.device) -> dict[str, Any]:
+        """convert_to_float8's arguments: the size rule on a GPU; every layer of the tiny CPU models."""
+        return {} if device.type == "cuda" else {"min_features": 0}
 
 
 def why_not(framework: str) -> str | None:
@@ -42,7 +68,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _trainer(model, device: torch.device, ours: bool, workdir: str) -> tuple[list[float], float]:
+def _float8(module: torch.nn.Module, options: Options, device: torch.device) -> torch.nn.Module:
+    if not options.float8:
+        return module
+    from ampkernels.float8 import convert_to_float8
+
+    return convert_to_float8(module, "tensorwise", **options.float8_options(device))
+
+
+def _trainer(model, device: torch.device, options: Options, workdir: str) -> tuple[list[float], float]:
     import transformers
     from accelerate.state import AcceleratorState
 
@@ -55,7 +89,8 @@ def _trainer(model, device: torch.device, ours: bool, workdir: str) -> tuple[lis
             _sync(device)
             times.append(time.perf_counter())
 
-    ids, labels = model.batch_of(0)
+    batch = model.batch_of(0)  # (ids, labels) for masked LM; (ids,) for a causal LM, whose labels are its ids
+    ids, labels = batch[0], batch[-1]
     data = [{"input_ids": ids[i], "labels": labels[i]} for i in range(ids.shape[0])]
     args = transformers.TrainingArguments(
         workdir,
@@ -63,8 +98,8 @@ def _trainer(model, device: torch.device, ours: bool, workdir: str) -> tuple[lis
         per_device_train_batch_size=ids.shape[0],
         learning_rate=LR,
         max_grad_norm=MAX_NORM,
-        fp16=device.type == "cuda",
-        bf16=device.type == "cpu",
+        fp16=options.precision(device) == torch.float16,
+        bf16=options.precision(device) == torch.bfloat16,
         use_cpu=device.type == "cpu",
         optim="adamw_torch_fused",
         logging_steps=10**9,
@@ -75,23 +110,34 @@ def _trainer(model, device: torch.device, ours: bool, workdir: str) -> tuple[lis
         dataloader_num_workers=0,
     )
     AcceleratorState._reset_state(True)
-    cls = Trainer if ours else transformers.Trainer
-    output = cls(model=model.module, args=args, train_dataset=data, callbacks=[StepTimes()]).train()
+    module = _float8(model.module, options, device)
+    if options.ours:
+        trainer = Trainer(
+            module, args, train_dataset=data, callbacks=[StepTimes()], adamw_kwargs=options.adamw_kwargs()
+        )
+    else:
+        trainer = transformers.Trainer(module, args, train_dataset=data, callbacks=[StepTimes()])
+    output = trainer.train()
     return times, output.training_loss
 
 
-def _accelerate(model, device: torch.device, ours: bool, workdir: str) -> tuple[list[float], float]:
+def _accelerate(model, device: torch.device, options: Options, workdir: str) -> tuple[list[float], float]:
     import accelerate
     from accelerate.state import AcceleratorState
 
     from ampkernels.integrations.accelerate import Accelerator
 
     AcceleratorState._reset_state(True)
-    mixed = "fp16" if device.type == "cuda" else "bf16"
-    accelerator = (Accelerator if ours else accelerate.Accelerator)(mixed_precision=mixed, cpu=device.type == "cpu")
-    params = model.module.parameters()
-    optimizer = ampkernels.FusedAdamW(params, lr=LR) if ours else torch.optim.AdamW(params, lr=LR, fused=True)
-    module, optimizer = accelerator.prepare(model.module, optimizer)
+    mixed = "fp16" if options.precision(device) == torch.float16 else "bf16"
+    cls = Accelerator if options.ours else accelerate.Accelerator
+    accelerator = cls(mixed_precision=mixed, cpu=device.type == "cpu")
+    module = _float8(model.module, options, device)
+    params = module.parameters()
+    if options.ours:
+        optimizer = ampkernels.FusedAdamW(params, lr=LR, **options.adamw_kwargs())
+    else:
+        optimizer = torch.optim.AdamW(params, lr=LR, fused=True)
+    module, optimizer = accelerator.prepare(module, optimizer)
     batches = [tuple(t.to(device) for t in model.batch_of(i)) for i in range(4)]
     times, losses = [], []
     for step in range(WARMUP + STEPS):
@@ -106,7 +152,7 @@ def _accelerate(model, device: torch.device, ours: bool, workdir: str) -> tuple[
     return times, float(torch.stack(losses).float().mean())
 
 
-def _lightning(model, device: torch.device, ours: bool, workdir: str) -> tuple[list[float], float]:
+def _lightning(model, device: torch.device, options: Options, workdir: str) -> tuple[list[float], float]:
     import lightning
 
     from ampkernels.integrations.lightning import MixedPrecision
@@ -129,11 +175,12 @@ def _lightning(model, device: torch.device, ours: bool, workdir: str) -> tuple[l
             return model.loss_fn(self.net, *batch)
 
         def configure_optimizers(self):
-            if ours:
-                return ampkernels.FusedAdamW(self.parameters(), lr=LR)
+            if options.ours:
+                return ampkernels.FusedAdamW(self.parameters(), lr=LR, **options.adamw_kwargs())
             return torch.optim.AdamW(self.parameters(), lr=LR, foreach=True)
 
-    precision = "16-mixed" if device.type == "cuda" else "bf16-mixed"
+    precision = "16-mixed" if options.precision(device) == torch.float16 else "bf16-mixed"
+    float8 = {"float8": "tensorwise", "float8_options": options.float8_options(device)} if options.float8 else {}
     batches = [model.batch_of(i) for i in range(WARMUP + STEPS)]
     loader = torch.utils.data.DataLoader(batches, batch_size=None)
     trainer = lightning.Trainer(
@@ -147,7 +194,7 @@ def _lightning(model, device: torch.device, ours: bool, workdir: str) -> tuple[l
         enable_model_summary=False,
         callbacks=[StepTimes()],
         default_root_dir=workdir,
-        **({"plugins": [MixedPrecision(precision)]} if ours else {"precision": precision}),
+        **({"plugins": [MixedPrecision(precision, **float8)]} if options.ours else {"precision": precision}),
     )
     trainer.fit(Module(), loader)
     return times, float(torch.stack(losses).float().mean())
@@ -160,7 +207,9 @@ RUNNERS: dict[str, Callable[..., tuple[list[float], float]]] = {
 }
 
 
-def time_framework(framework: str, model_of: Callable[[], Any], device: torch.device, ours: bool) -> dict[str, Any]:
+def time_framework(
+    framework: str, model_of: Callable[[], Any], device: torch.device, options: Options
+) -> dict[str, Any]:
     """One run: the times of the steps after the warm-up (ms), the mean training loss, peak memory."""
     import tempfile
 
@@ -170,7 +219,7 @@ def time_framework(framework: str, model_of: Callable[[], Any], device: torch.de
     with device:
         model = model_of()
     with tempfile.TemporaryDirectory() as workdir:
-        times, loss = RUNNERS[framework](model, device, ours, workdir)
+        times, loss = RUNNERS[framework](model, device, options, workdir)
     if len(times) < WARMUP + 2:
         raise RuntimeError(f"{framework}: only {len(times)} steps ran")
     return {

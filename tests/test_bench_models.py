@@ -107,3 +107,14 @@ def test_a_pair_that_does_not_fit_side_by_side_is_timed_one_after_the_other(monk
     assert [r["recipe"] for r in rows] == ["bf16-stock", "bf16-ampkernels"]
     assert all(r["alternated"] is False and math.isfinite(r["final_loss"]) for r in rows) and iterations == 1
     assert calls == ["bf16-stock", "bf16-ampkernels", "bf16-stock", "bf16-ampkernels"]
+
+
+def test_everything_through_a_framework_runs_on_the_llama_model_only():
+    full = _ctx(device=torch.device("cpu"), full=True)
+    everything = {"stock-trainer-bf16", "ampkernels-trainer-fp8-8bit", "stock-lightning-bf16"}
+    everything.add("ampkernels-lightning-fp8-8bit")
+    assert everything <= {r.name for r in bench_models._recipes_of("llama-1b", full)}
+    assert not everything & {r.name for r in bench_models._recipes_of("bert-base", full)}
+    ours = bench_models.BY_NAME["ampkernels-trainer-fp8-8bit"]
+    assert ours.float8 and ours.moments == "8bit" and ours.baseline == "stock-trainer-bf16"
+    assert ("stock-lightning-bf16", "ampkernels-lightning-fp8-8bit") in bench_models.PAIRS
