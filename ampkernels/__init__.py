@@ -7,6 +7,7 @@
 from ampkernels import _native_fakes, float8, ops, reference  # noqa: F401  (_native_fakes registers on import)
 from ampkernels.cuda_graph import CapturedStep, capture_step
 from ampkernels.grad_scaler import FusedGradScaler
+from ampkernels.loss import LinearCrossEntropy, linear_cross_entropy
 from ampkernels.optimizers import FusedAdam, FusedAdamW, FusedSGD
 from ampkernels.scaled_matmul import ScaledLinear, scaled_matmul
 from ampkernels.telemetry import plot_scale_history
@@ -18,6 +19,7 @@ __all__ = [
     "FusedAdamW",
     "FusedGradScaler",
     "FusedSGD",
+    "LinearCrossEntropy",
     "ScaledLinear",
     "ops",
     "plot_scale_history",
@@ -26,4 +28,5 @@ __all__ = [
     "__version__",
     "capture_step",
     "float8",
+    "linear_cross_entropy",
 ]

@@ -47,6 +47,7 @@ BENCHMARK_MODULES = (
     "bench_precision",
     "bench_float8",
     "bench_models",
+    "bench_loss",
 )
 # NOTE: the default run took 100-109 s on the H200 (two runs; README.md); bench_precision takes ~1 min more and
 # runs with --only precision or --full.

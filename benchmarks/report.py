@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks import bench_grad_scaler, bench_optimizers
 from benchmarks.common import check_failures
 
-MODULE_ORDER = ("models", "precision", "grad_scaler", "optimizers", "training", "scaled_matmul", "float8")
+MODULE_ORDER = ("models", "precision", "grad_scaler", "optimizers", "training", "scaled_matmul", "float8", "loss")
 TITLES = {
     "models": "Model zoo: whole training steps, stock against ampkernels",
     "precision": "Training step by precision (FP32, TF32, FP16, BF16)",
@@ -27,6 +27,7 @@ TITLES = {
     "training": "End-to-end fp16 AMP training steps",
     "scaled_matmul": "scaled_matmul against cuBLAS",
     "float8": "FP8 training: casts, fused kernels, FP8 GEMMs, the Llama-stack step",
+    "loss": "Fused linear + cross-entropy: a language-model head and its loss",
 }
 DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -130,6 +131,20 @@ def models(doc: dict[str, Any]) -> list[str]:
                  if "float8_layers" in r]  # fmt: skip
     if converted:
         lines.append(f"- fp8: nn.Linear layers converted by convert_to_float8's size rule: {', '.join(converted)}")
+    return lines
+
+
+def loss(doc: dict[str, Any]) -> list[str]:
+    lines = [
+        "| shape | implementation | ms | vs stock | peak GiB | loss | check |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in doc["rows"]:
+        peak = "–" if r.get("peak_gib") is None else f"{r['peak_gib']:.2f}"
+        lines.append(
+            f"| {r['shape']} | {r['implementation']} | {_ms(r['ms'])} | {_speedup(r.get('speedup_over_stock'))} | "
+            f"{peak} | {r['loss']:.4f} | {_check(r)} |"
+        )
     return lines
 
 
@@ -306,6 +321,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "training": training,
     "scaled_matmul": scaled_matmul,
     "float8": float8,
+    "loss": loss,
 }
 
 
@@ -325,7 +341,7 @@ def _machine(doc: dict[str, Any]) -> str:
 
 
 # The modules that compare what they timed with stock's (a ``check`` field in their rows).
-CHECKED_MODULES = ("grad_scaler", "optimizers", "scaled_matmul", "float8", "models")
+CHECKED_MODULES = ("grad_scaler", "optimizers", "scaled_matmul", "float8", "models", "loss")
 UNCHECKED = (
     "this run predates the benchmarks' comparison of what they timed with stock's after the timed loops (the "
     "`check` field); `python -m benchmarks` now records it and exits with status 1 when one fails"

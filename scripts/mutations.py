@@ -48,8 +48,44 @@ T_FUSED = "tests/test_float8_fused.py"
 T_CAST = "tests/test_float8_casts.py"
 T_KILLS = "tests/test_mutation_kills.py"
 T_REF64 = "tests/test_reference_float64.py"
+LCE = "ampkernels/loss/cross_entropy.py"
+T_LCE = "tests/test_linear_cross_entropy.py"
 
 MUTATIONS: list[Mutation] = [
+    # ---- fused linear + cross-entropy: reference and the chunked kernel ----
+    Mutation(
+        "ref-lce-smoothing-term",
+        REF,
+        "label_smoothing * (lse - logits.mean(-1))",
+        "label_smoothing * (lse + logits.mean(-1))",
+        "reference label smoothing adds the mean logit instead of subtracting it",
+        (f"{T_LCE}::test_reference_is_torch_cross_entropy_in_float64",),
+    ),
+    Mutation(
+        "lce-z-loss-gradient",
+        LCE,
+        "grad_logits.mul_((1 + 2 * z_loss * lse)[:, None])",
+        "grad_logits.mul_((1 + z_loss * lse)[:, None])",
+        "the z-loss gradient drops the 2 of d(lse^2)",
+        (f"{T_LCE}::test_error_at_most_twice_stock_against_float64",),
+    ),
+    Mutation(
+        "lce-smoothing-uniform-gradient",
+        LCE,
+        "grad_logits.sub_(label_smoothing / vocab)",
+        "grad_logits.sub_(label_smoothing / (vocab - 1))",
+        "the label-smoothing gradient spreads over V - 1 classes",
+        (f"{T_LCE}::test_error_at_most_twice_stock_against_float64",),
+    ),
+    Mutation(
+        "lce-all-ignored-mean",
+        LCE,
+        "grad.float() / counted.clamp(min=1)",
+        "grad.float() / counted",
+        "the mean's factor divides by zero on an all-ignored batch (NaN gradients)",
+        (f"{T_LCE}::test_all_ignored_batch_matches_stock",),
+    ),
+
     # ---- reference: the scaler's unscale, non-finite check, norms, clip coefficient, scale update ----
     Mutation(
         "ref-unscale-by-scale",

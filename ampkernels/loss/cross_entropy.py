@@ -1,0 +1,336 @@
+"""Fused linear + cross-entropy: the loss of a language-model head without its [tokens, vocab] logits in memory.
+
+Stock ``F.cross_entropy(F.linear(hidden, weight), target)`` under autocast materializes the logits in bf16/fp16,
+their float32 copy for the loss, and a float32 gradient of the same size: 2 x 2.1 GB at 16k tokens and a 32k vocab,
+2 x 8.4 GB at a 128k vocab. Here the tokens go through the head in chunks: each chunk's logits are formed (a GEMM on
+the Tensor Cores, as stock's), reduced to the loss, turned into their gradient and consumed by the two gradient
+GEMMs before the next chunk starts, so only one chunk of logits ever exists. With ``reduction="mean"`` or ``"sum"``
+the gradients are formed in the forward pass (the loss is the last op of the graph; backward scales them by the
+incoming scalar); with ``"none"`` the backward runs the chunks again with the per-token incoming gradients.
+
+Backend: PyTorch ops per chunk (``torch``). The loss and gradients keep stock's numerics: logits in the GEMM's
+output dtype (bf16/fp16 under autocast), softmax and log-sum-exp in float32, the weight gradient accumulated over the
+chunks in float32 and rounded once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ampkernels._autograd import first_order
+
+__all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
+
+REDUCTIONS = ("mean", "sum", "none")
+# Float32 bytes of logits (and of their gradient, formed in place) per chunk. NOTE: 256 MiB keeps a chunk's GEMM
+# large (e.g. 2048 tokens x a 32k vocab) while the chunk stays a small share of an 80 GB GPU.
+CHUNK_BYTES = 256 * 2**20
+
+
+def chunk_tokens(tokens: int, vocab: int) -> int:
+    """Tokens per chunk: as many as fit ``CHUNK_BYTES`` of float32 logits, a multiple of 64 (at least 64)."""
+    fit = max(64, CHUNK_BYTES // (4 * max(vocab, 1)) // 64 * 64)
+    return min(tokens, fit) if tokens else 0
+
+
+_ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype")  # addmm with a float32 output for 16-bit operands
+
+
+def _accumulate_weight_grad(grad_weight: torch.Tensor, grad_logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    """grad_weight (float32) += grad_logits.T @ hidden, the product accumulated in float32."""
+    if grad_logits.dtype == torch.float32 or hidden.device.type != "cuda" or not _ADDMM_OUT_DTYPE:
+        grad_weight.addmm_(grad_logits.t().float(), hidden.float())
+    else:  # cuBLAS: bf16/fp16 operands, float32 output
+        grad_weight.copy_(torch.addmm(grad_weight, grad_logits.t(), hidden, out_dtype=torch.float32))
+
+
+def _chunked(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    z_loss: float,
+    token_weight: torch.Tensor | None,
+    needs: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The per-token losses (float32 [N]) and, with ``token_weight`` (float32 [N], the derivative of the result by
+    each token's loss), the gradients of hidden, weight and bias that ``needs`` asks for."""
+    tokens, vocab = hidden.shape[0], weight.shape[0]
+    losses = torch.empty(tokens, dtype=torch.float32, device=hidden.device)
+    grads = token_weight is not None
+    grad_hidden = torch.empty_like(hidden) if grads and needs[0] else None
+    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads and needs[1] else None
+    grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if grads and needs[2] else None
+    step = chunk_tokens(tokens, vocab)
+    for start in range(0, tokens, step):
+        h = hidden[start : start + step]
+        t = target[start : start + step]
+        logits = torch.nn.functional.linear(h, weight, bias).float()
+        valid = t != ignore_index
+        picked = logits.gather(1, torch.where(valid, t, 0)[:, None])[:, 0]
+        lse = torch.logsumexp(logits, dim=1)
+        loss = (1 - label_smoothing) * (lse - picked) + z_loss * lse * lse
+        if label_smoothing:
+            loss = loss + label_smoothing * (lse - logits.mean(1))
+        losses[start : start + step] = torch.where(valid, loss, 0.0)
+        if not grads:
+            continue
+        # d loss / d logits = softmax * (1 + 2 z_loss lse) - (1 - s) onehot(t) - s / V, per token weight
+        grad_logits = logits.sub_(lse[:, None]).exp_()
+        if z_loss:
+            grad_logits.mul_((1 + 2 * z_loss * lse)[:, None])
+        if label_smoothing:
+            grad_logits.sub_(label_smoothing / vocab)
+        grad_logits.scatter_add_(1, torch.where(valid, t, 0)[:, None], valid.float()[:, None] * (label_smoothing - 1))
+        grad_logits.mul_(torch.where(valid, token_weight[start : start + step], 0.0)[:, None])
+        if grad_bias is not None:
+            grad_bias.add_(grad_logits.sum(0))
+        grad_logits = grad_logits.to(hidden.dtype)
+        if grad_hidden is not None:
+            torch.mm(grad_logits, weight, out=grad_hidden[start : start + step])
+        if grad_weight is not None:
+            _accumulate_weight_grad(grad_weight, grad_logits, h)
+    return losses, grad_hidden, grad_weight, grad_bias
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(0)
+
+
+@torch.library.custom_op("ampkernels::linear_cross_entropy", mutates_args=())
+def _forward_op(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    z_loss: float,
+    reduction: str,
+    needs: list[bool],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (per-token losses float32 [N], counted tokens float32 [], grad_hidden [N, H] or empty, grad_weight float32
+    [V, H] or empty, grad_bias float32 [V] or empty). With reduction mean or sum the gradients are those of the
+    *sum* of the losses: the mean's 1 / counted and the incoming gradient (a loss scale) are applied in float32 by
+    the backward, so that an fp16 gradient is neither flushed to zero by 1 / counted nor overflowed by the scale
+    before it meets the other."""
+    counted = (target != ignore_index).sum().float()
+    token_weight = None
+    if reduction != "none" and any(needs):
+        token_weight = torch.ones((), dtype=torch.float32, device=hidden.device).expand(target.shape[0])
+    losses, gh, gw, gb = _chunked(
+        hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, token_weight, tuple(needs)
+    )
+    return losses, counted, *(_empty(hidden) if g is None else g for g in (gh, gw, gb))
+
+
+@_forward_op.register_fake
+def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs):
+    grads = reduction != "none"
+    tokens, vocab = hidden.shape[0], weight.shape[0]
+    losses = hidden.new_empty(tokens, dtype=torch.float32)
+    counted = hidden.new_empty((), dtype=torch.float32)
+    gh = hidden.new_empty(hidden.shape) if grads and needs[0] else _empty(hidden)
+    gw = weight.new_empty(weight.shape, dtype=torch.float32) if grads and needs[1] else _empty(hidden)
+    gb = weight.new_empty(vocab, dtype=torch.float32) if grads and needs[2] else _empty(hidden)
+    return losses, counted, gh, gw, gb
+
+
+@torch.library.custom_op("ampkernels::linear_cross_entropy_backward", mutates_args=())
+def _backward_op(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    grad_losses: torch.Tensor,
+    ignore_index: int,
+    label_smoothing: float,
+    z_loss: float,
+    needs: list[bool],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """reduction="none": the chunks again, each token's gradient weighted by ``grad_losses`` (float32 [N])."""
+    _, gh, gw, gb = _chunked(
+        hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, grad_losses, tuple(needs)
+    )
+    return tuple(_empty(hidden) if g is None else g for g in (gh, gw, gb))
+
+
+@_backward_op.register_fake
+def _(hidden, weight, target, bias, grad_losses, ignore_index, label_smoothing, z_loss, needs):
+    gh = hidden.new_empty(hidden.shape) if needs[0] else _empty(hidden)
+    gw = weight.new_empty(weight.shape, dtype=torch.float32) if needs[1] else _empty(hidden)
+    gb = weight.new_empty(weight.shape[0], dtype=torch.float32) if needs[2] else _empty(hidden)
+    return gh, gw, gb
+
+
+class _LinearCrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction):
+        needs = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3]]
+        losses, counted, gh, gw, gb = torch.ops.ampkernels.linear_cross_entropy(
+            hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs
+        )
+        ctx.reduction, ctx.needs = reduction, needs
+        ctx.options = (ignore_index, label_smoothing, z_loss)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        if reduction == "none":
+            ctx.save_for_backward(hidden, weight, target, bias)
+            return losses
+        ctx.save_for_backward(gh, gw, gb, counted)
+        total = losses.sum()
+        return total / counted if reduction == "mean" else total
+
+    @staticmethod
+    @first_order
+    def backward(ctx, grad):
+        if ctx.reduction == "none":
+            hidden, weight, target, bias = ctx.saved_tensors
+            gh, gw, gb = torch.ops.ampkernels.linear_cross_entropy_backward(
+                hidden, weight, target, bias, grad.float().contiguous(), *ctx.options, ctx.needs
+            )
+        else:
+            gh, gw, gb, counted = ctx.saved_tensors
+            # (no counted token: the gradients are zero, as stock's; clamp keeps 0 / 0 out of them)
+            factor = grad.float() / counted.clamp(min=1) if ctx.reduction == "mean" else grad.float()
+            gh, gw, gb = (
+                (g.float() * factor).to(g.dtype) if need else None for g, need in zip((gh, gw, gb), ctx.needs)
+            )
+        weight_dtype, bias_dtype = ctx.dtypes
+        return (
+            gh if ctx.needs[0] else None,
+            gw.to(weight_dtype) if ctx.needs[1] else None,
+            None,
+            gb.to(bias_dtype) if ctx.needs[2] else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def _error(argument: str, message: str) -> ValueError:
+    return ValueError(f"linear_cross_entropy: argument '{argument}': {message}")
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    z_loss: float = 0.0,
+) -> torch.Tensor:
+    """``F.cross_entropy(F.linear(hidden, weight, bias), target, ...)`` plus ``z_loss * lse**2`` per token, without
+    the [tokens, vocab] logits in memory (see the module docstring; :func:`ampkernels.reference.linear_cross_entropy`
+    is the formula).
+
+    Args:
+        hidden: [..., H] float32, bfloat16 or float16 (any leading dimensions: the tokens).
+        weight: [V, H], the head's weight (``nn.Linear(H, V).weight``), on hidden's device.
+        target: hidden's leading shape, int64 class indices in [0, V) or ``ignore_index``.
+        bias: optional [V].
+        ignore_index: targets that contribute nothing and are not counted.
+        label_smoothing: in [0, 1], as torch's.
+        reduction: ``"mean"`` (over the counted tokens; NaN when none is, as torch), ``"sum"`` or ``"none"``.
+        z_loss: weight of ``lse**2`` (the log-sum-exp of a token's logits), >= 0.
+    Under autocast the head runs in the autocast dtype, as ``F.linear`` would; the loss is float32.
+    """
+    for name, value in (("hidden", hidden), ("weight", weight), ("target", target)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"linear_cross_entropy: argument '{name}' must be a Tensor, got {type(value).__name__}")
+    if hidden.ndim < 1 or not hidden.is_floating_point():
+        raise _error("hidden", f"expected a floating tensor [..., H], got {hidden.dtype} of shape {list(hidden.shape)}")
+    if weight.ndim != 2 or weight.shape[1] != hidden.shape[-1] or weight.shape[0] == 0:
+        raise _error("weight", f"expected [V, {hidden.shape[-1]}] with V >= 1, got shape {list(weight.shape)}")
+    if target.shape != hidden.shape[:-1] or target.dtype not in (torch.int64, torch.int32):
+        raise _error("target", f"expected int64 of shape {list(hidden.shape[:-1])}, got {target.dtype} "
+                     f"{list(target.shape)}")  # fmt: skip
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],)):
+        raise _error("bias", f"expected None or a tensor of shape [{weight.shape[0]}]")
+    for name, value in (("weight", weight), ("target", target), ("bias", bias)):
+        if value is not None and value.device != hidden.device:
+            raise _error(name, f"expected a tensor on {hidden.device} (like hidden), got one on {value.device}")
+    if reduction not in REDUCTIONS:
+        raise _error("reduction", f"expected one of {'/'.join(REDUCTIONS)}, got {reduction!r}")
+    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
+        raise _error("label_smoothing", f"expected a float in [0, 1], got {label_smoothing!r}")
+    if not isinstance(z_loss, (int, float)) or not z_loss >= 0 or math.isinf(z_loss):
+        raise _error("z_loss", f"expected a finite float >= 0, got {z_loss!r}")
+    if not isinstance(ignore_index, int):
+        raise _error("ignore_index", f"expected an int, got {ignore_index!r}")
+    if not torch.compiler.is_compiling():
+        out_of_range = (target != ignore_index) & ((target < 0) | (target >= weight.shape[0]))
+        if bool(out_of_range.any()):  # NOTE: one host sync; a wrong index would read another token's logit
+            raise _error("target", f"holds class indices outside [0, {weight.shape[0]}) other than ignore_index")
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    elif hidden.dtype != weight.dtype:
+        raise _error("weight", f"expected {hidden.dtype} like hidden outside autocast, got {weight.dtype}")
+    shape = hidden.shape[:-1]
+    hidden2d = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+    with torch.autocast(device, enabled=False):
+        loss = _LinearCrossEntropyFunction.apply(
+            hidden2d,
+            weight.contiguous(),
+            target.reshape(-1).long(),
+            None if bias is None else bias.contiguous(),
+            int(ignore_index),
+            float(label_smoothing),
+            float(z_loss),
+            reduction,
+        )
+    return loss.reshape(shape) if reduction == "none" else loss
+
+
+class LinearCrossEntropy(torch.nn.Module):
+    """A language-model head and its loss in one module: ``nn.Linear(in_features, vocab, bias)`` whose forward takes
+    ``(hidden, target)`` and returns :func:`linear_cross_entropy` (arguments as there). ``state_dict`` is the
+    ``nn.Linear``'s (``weight``, ``bias``)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        vocab: int,
+        bias: bool = False,
+        *,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        z_loss: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        head = torch.nn.Linear(in_features, vocab, bias, device=device, dtype=dtype)
+        self.weight, self.bias = head.weight, head.bias
+        self.ignore_index, self.label_smoothing, self.reduction, self.z_loss = (
+            ignore_index,
+            label_smoothing,
+            reduction,
+            z_loss,
+        )
+
+    def forward(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return linear_cross_entropy(
+            hidden,
+            self.weight,
+            target,
+            bias=self.bias,
+            ignore_index=self.ignore_index,
+            label_smoothing=self.label_smoothing,
+            reduction=self.reduction,
+            z_loss=self.z_loss,
+        )
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.weight.shape[1]}, vocab={self.weight.shape[0]}, bias={self.bias is not None}"

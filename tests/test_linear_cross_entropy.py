@@ -1,0 +1,231 @@
+"""ampkernels.linear_cross_entropy against a float64 reference, its error against stock's (F.linear +
+F.cross_entropy on float32 logits), the chunking, the edge cases of the loss, autograd, torch.compile and errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ampkernels
+from ampkernels import reference
+from ampkernels.loss import cross_entropy as lce_module
+
+# The float64 error of a float32 loss of O(1) per token: the absolute floor of the 2x-stock bound (both errors can be
+# at rounding level, where a ratio means nothing).
+FLOOR = {torch.float32: 1e-5, torch.bfloat16: 1e-3, torch.float16: 1e-4}
+
+
+def _inputs(device, tokens=300, hidden=32, vocab=203, seed=0, ignored_every=7, bias=True):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(tokens, hidden, generator=gen).to(device)
+    w = (torch.randn(vocab, hidden, generator=gen) / hidden**0.5).to(device)
+    b = torch.randn(vocab, generator=gen).to(device) if bias else None
+    t = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
+    if ignored_every:
+        t[::ignored_every] = -100
+    return h, w, b, t
+
+
+def _stock(h, w, t, b, *, label_smoothing=0.0, reduction="mean", z_loss=0.0):
+    logits = F.linear(h, w, b)
+    loss = F.cross_entropy(logits.float(), t, label_smoothing=label_smoothing, reduction=reduction)
+    if z_loss:
+        z = z_loss * torch.logsumexp(logits.float(), -1) ** 2 * (t != -100)
+        loss = loss + (z if reduction == "none" else z.sum() / ((t != -100).sum() if reduction == "mean" else 1))
+    return loss
+
+
+def _loss_and_grads(fn, h, w, b, t, dtype, device, **options):
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (h, w, b)]
+    autocast = dtype != torch.float32
+    with torch.autocast(device, dtype=dtype, enabled=autocast):
+        loss = fn(leaves[0], leaves[1], t, leaves[2], **options)
+    grad_out = torch.linspace(0.5, 1.5, loss.numel(), device=device).reshape(loss.shape)
+    (loss * grad_out).sum().backward()
+    return [loss.detach().double()] + [x.grad.double() for x in leaves if x is not None]
+
+
+def _ours(h, w, t, b, **options):
+    return ampkernels.linear_cross_entropy(h, w, t, bias=b, **options)
+
+
+def _exact(h, w, b, t, **options):
+    leaves = [x.detach().double().requires_grad_() if x is not None else None for x in (h, w, b)]
+    loss = reference.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2], **options)
+    grad_out = torch.linspace(0.5, 1.5, loss.numel(), device=loss.device, dtype=torch.float64).reshape(loss.shape)
+    (loss * grad_out).sum().backward()
+    return [loss.detach()] + [x.grad for x in leaves if x is not None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing, z_loss", [(0.0, 0.0), (0.1, 1e-3)])
+def test_error_at_most_twice_stock_against_float64(device, dtype, reduction, smoothing, z_loss, monkeypatch):
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("CPU autocast runs float16 linear layers slowly and without a reference of its own")
+    # 64-token chunks: five chunks for 300 tokens, the last one ragged
+    monkeypatch.setattr(lce_module, "CHUNK_BYTES", 64 * 4 * 203)
+    h, w, b, t = _inputs(device)
+    options = dict(label_smoothing=smoothing, reduction=reduction, z_loss=z_loss)
+    exact = _exact(h, w, b, t, **options)
+    ours = _loss_and_grads(_ours, h, w, b, t, dtype, device, **options)
+    stock = _loss_and_grads(_stock, h, w, b, t, dtype, device, **options)
+    for name, o, s, e in zip(("loss", "hidden", "weight", "bias"), ours, stock, exact):
+        ours_error, stock_error = (o - e).abs().max().item(), (s - e).abs().max().item()
+        assert ours_error <= 2 * stock_error + FLOOR[dtype] * max(1.0, e.abs().max().item()), (
+            name,
+            ours_error,
+            stock_error,
+        )
+
+
+def test_chunks_cover_every_token_once():
+    assert lce_module.chunk_tokens(0, 10) == 0
+    assert lce_module.chunk_tokens(100, 32000) == 100
+    big = lce_module.chunk_tokens(16384, 32000)
+    assert big % 64 == 0 and big * 32000 * 4 <= lce_module.CHUNK_BYTES
+    assert lce_module.chunk_tokens(16384, 10**9) == 64  # at least 64 tokens, whatever the vocabulary
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_ignored_batch_matches_stock(reduction):
+    h, w, b, t = _inputs("cpu", tokens=8, ignored_every=1)
+    ours = _loss_and_grads(_ours, h, w, b, t, torch.float32, "cpu", reduction=reduction)
+    stock = _loss_and_grads(_stock, h, w, b, t, torch.float32, "cpu", reduction=reduction)
+    for o, s in zip(ours, stock):
+        torch.testing.assert_close(o, s, equal_nan=True)  # mean: NaN loss, zero gradients, as torch
+    if reduction == "mean":
+        assert ours[0].isnan()
+
+
+def test_gradients_only_for_what_requires_them():
+    h, w, b, t = _inputs("cpu", bias=True)
+    w.requires_grad_()
+    loss = ampkernels.linear_cross_entropy(h, w, t, bias=b)
+    loss.backward()
+    assert h.grad is None and b.grad is None and w.grad is not None
+    with torch.no_grad():
+        torch.testing.assert_close(ampkernels.linear_cross_entropy(h, w, t, bias=b), loss.detach())
+
+
+def test_second_derivative_refused():
+    h, w, b, t = _inputs("cpu", bias=False)
+    h.requires_grad_()
+    (grad,) = torch.autograd.grad(ampkernels.linear_cross_entropy(h, w, t), h, create_graph=True)
+    with pytest.raises(RuntimeError):
+        grad.sum().backward()
+
+
+def test_module_is_an_nn_linear_head():
+    torch.manual_seed(0)
+    head = ampkernels.LinearCrossEntropy(32, 203, bias=True, label_smoothing=0.1)
+    linear = torch.nn.Linear(32, 203)
+    linear.load_state_dict(head.state_dict())
+    h, _, _, t = _inputs("cpu")
+    expected = F.cross_entropy(linear(h), t, label_smoothing=0.1)
+    torch.testing.assert_close(head(h, t), expected, rtol=1e-5, atol=1e-5)
+    assert "vocab=203" in repr(head)
+
+
+def test_leading_dimensions_and_none_reduction_shape():
+    h, w, b, t = _inputs("cpu", tokens=24)
+    out = ampkernels.linear_cross_entropy(h.view(2, 3, 4, -1), w, t.view(2, 3, 4), bias=b, reduction="none")
+    assert out.shape == (2, 3, 4)
+    torch.testing.assert_close(out.reshape(-1), _stock(h, w, t, b, reduction="none"), rtol=1e-5, atol=1e-5)
+
+
+def test_traced_by_torch_compile_and_opcheck():
+    h, w, b, t = _inputs("cpu", tokens=64, bias=False)
+    h.requires_grad_()
+
+    def step(h, w, t):
+        return ampkernels.linear_cross_entropy(h, w, t, label_smoothing=0.1)
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    loss = compiled(h, w, t)
+    loss.backward()
+    expected = h.grad.clone()
+    h.grad = None
+    step(h, w, t).backward()
+    torch.testing.assert_close(h.grad, expected)
+    args = (h.detach(), w, t, None, -100, 0.1, 0.0, "mean", [True, True, False])
+    torch.library.opcheck(torch.ops.ampkernels.linear_cross_entropy.default, args)
+
+
+@pytest.mark.parametrize(
+    "change, argument",
+    [
+        (dict(weight=torch.randn(10, 31)), "weight"),
+        (dict(target=torch.zeros(300, dtype=torch.float32)), "target"),
+        (dict(target=torch.full((300,), 203)), "target"),
+        (dict(bias=torch.randn(7)), "bias"),
+        (dict(reduction="avg"), "reduction"),
+        (dict(label_smoothing=1.5), "label_smoothing"),
+        (dict(z_loss=-1.0), "z_loss"),
+        (dict(weight=torch.randn(203, 32, dtype=torch.float64)), "weight"),
+    ],
+)
+def test_bad_arguments_are_named(change, argument):
+    h, w, b, t = _inputs("cpu")
+    kwargs = dict(hidden=h, weight=w, target=t, bias=b)
+    kwargs.update(change)
+    with pytest.raises(ValueError, match=f"argument '{argument}'"):
+        ampkernels.linear_cross_entropy(kwargs.pop("hidden"), kwargs.pop("weight"), kwargs.pop("target"), **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_peak_memory_below_the_logits_on_cuda():
+    tokens, hidden, vocab = 8192, 512, 32000
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    ampkernels.linear_cross_entropy(h, w, t).backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    logits_fp32 = tokens * vocab * 4
+    assert peak < logits_fp32 / 2, (peak, logits_fp32)
+
+
+def test_fp16_gradients_under_a_loss_scale_match_stock():
+    """With fp16 operands, the mean's 1 / tokens and the loss scale meet in float32: neither flushes the other's
+    gradient to zero nor overflows it (stock applies the scale to the float32 logits' gradient first)."""
+    tokens = 4096
+    h, w, b, t = _inputs("cpu", tokens=tokens, bias=False, ignored_every=0)
+    h16, w16 = h.half().requires_grad_(), w.half().requires_grad_()
+    (ampkernels.linear_cross_entropy(h16, w16, t) * 65536.0).backward()
+    ours = [h16.grad.float(), w16.grad.float()]
+    h16.grad = w16.grad = None
+    (_stock(h16, w16, t, None) * 65536.0).backward()
+    stock = [h16.grad.float(), w16.grad.float()]
+    for o, s in zip(ours, stock):
+        assert torch.isfinite(o).all() and (o != 0).float().mean() > 0.99  # nothing flushed to zero
+        torch.testing.assert_close(o, s, rtol=2e-2, atol=1e-2)
+
+
+def test_scaled_loss_overflow_reaches_the_scaler_and_skips_the_step():
+    h, w, b, t = _inputs("cpu", bias=False)
+    head = torch.nn.Parameter(w.half())
+    optimizer = ampkernels.FusedAdamW([head], lr=1e-2)
+    scaler = ampkernels.FusedGradScaler("cpu", init_scale=2.0**40)  # the fp16 gradients overflow
+    before = head.detach().clone()
+    scaler.scale(ampkernels.linear_cross_entropy(h.half(), head, t)).backward()
+    assert not torch.isfinite(head.grad).all()
+    scaler.step(optimizer)
+    scaler.update()
+    assert torch.equal(head.detach(), before) and scaler.get_scale() == 2.0**39
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_reference_is_torch_cross_entropy_in_float64(reduction):
+    """The reference against torch's own float64 formula (and the z-loss term against an explicit log-sum-exp)."""
+    h, w, b, t = (x.double() if x.is_floating_point() else x for x in _inputs("cpu", tokens=64))
+    logits = F.linear(h, w, b)
+    expected = F.cross_entropy(logits, t, label_smoothing=0.2, reduction=reduction)
+    got = reference.linear_cross_entropy(h, w, t, b, label_smoothing=0.2, reduction=reduction)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    z = 0.01 * torch.log(torch.exp(logits).sum(-1)) ** 2 * (t != -100)
+    with_z = reference.linear_cross_entropy(h, w, t, b, reduction="none", z_loss=0.01)
+    torch.testing.assert_close(with_z, F.cross_entropy(logits, t, reduction="none") + z, rtol=1e-12, atol=1e-12)
