@@ -85,7 +85,6 @@ MUTATIONS: list[Mutation] = [
         "the mean's factor divides by zero on an all-ignored batch (NaN gradients)",
         (f"{T_LCE}::test_all_ignored_batch_matches_stock",),
     ),
-
     # ---- reference: the scaler's unscale, non-finite check, norms, clip coefficient, scale update ----
     Mutation(
         "ref-unscale-by-scale",
