@@ -62,8 +62,9 @@ def _exact(h, w, b, t, **options):
 def test_error_at_most_twice_stock_against_float64(device, dtype, reduction, smoothing, z_loss, monkeypatch):
     if device == "cpu" and dtype == torch.float16:
         pytest.skip("CPU autocast runs float16 linear layers slowly and without a reference of its own")
-    # 64-token chunks: five chunks for 300 tokens, the last one ragged
+    # 64-token chunks (hidden 32: 2 x hidden = 64): five chunks for 300 tokens, the last one ragged
     monkeypatch.setattr(lce_module, "CHUNK_BYTES", 64 * 4 * 203)
+    assert lce_module.chunk_tokens(300, 203, 32) == 64
     h, w, b, t = _inputs(device)
     options = dict(label_smoothing=smoothing, reduction=reduction, z_loss=z_loss)
     exact = _exact(h, w, b, t, **options)
@@ -78,12 +79,13 @@ def test_error_at_most_twice_stock_against_float64(device, dtype, reduction, smo
         )
 
 
-def test_chunks_cover_every_token_once():
-    assert lce_module.chunk_tokens(0, 10) == 0
-    assert lce_module.chunk_tokens(100, 32000) == 100
-    big = lce_module.chunk_tokens(16384, 32000)
-    assert big % 64 == 0 and big * 32000 * 4 <= lce_module.CHUNK_BYTES
-    assert lce_module.chunk_tokens(16384, 10**9) == 64  # at least 64 tokens, whatever the vocabulary
+def test_chunk_size_rule():
+    assert lce_module.chunk_tokens(0, 10, 64) == 0
+    assert lce_module.chunk_tokens(100, 32000, 2048) == 100  # fewer tokens than a chunk: one chunk
+    by_bytes = lce_module.chunk_tokens(16384, 32000, 512)
+    assert by_bytes % 64 == 0 and by_bytes * 32000 * 4 <= lce_module.CHUNK_BYTES < (by_bytes + 64) * 32000 * 4
+    assert lce_module.chunk_tokens(16384, 128256, 4096) == 8192  # at least 2 x hidden (weight-gradient traffic)
+    assert lce_module.chunk_tokens(16384, 10**9, 8) == 64  # at least 64 tokens, whatever the vocabulary
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -24,26 +24,31 @@ from ampkernels._autograd import first_order
 __all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
 
 REDUCTIONS = ("mean", "sum", "none")
-# Float32 bytes of logits (and of their gradient, formed in place) per chunk. NOTE: 256 MiB keeps a chunk's GEMM
-# large (e.g. 2048 tokens x a 32k vocab) while the chunk stays a small share of an 80 GB GPU.
+# Float32 bytes of logits (and of their gradient, formed in place) per chunk, at least. NOTE: 256 MiB keeps a
+# chunk's GEMM large (2048 tokens x a 32k vocab) while the chunk stays a small share of an 80 GB GPU.
 CHUNK_BYTES = 256 * 2**20
 
 
-def chunk_tokens(tokens: int, vocab: int) -> int:
-    """Tokens per chunk: as many as fit ``CHUNK_BYTES`` of float32 logits, a multiple of 64 (at least 64)."""
-    fit = max(64, CHUNK_BYTES // (4 * max(vocab, 1)) // 64 * 64)
+def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
+    """Tokens per chunk, a multiple of 64: as many as fit ``CHUNK_BYTES`` of float32 logits, and at least 2 x hidden.
+
+    Each chunk adds its product into the float32 weight gradient, reading and writing all V x H of it; with chunks
+    of at least 2H tokens that traffic stays below the chunk's own logits traffic (a 128k vocab at hidden 4096 has
+    512-token chunks by the byte budget alone, 32 passes over a 2 GB gradient for 16k tokens).
+    """
+    by_bytes = CHUNK_BYTES // (4 * max(vocab, 1)) // 64 * 64
+    fit = max(by_bytes, -(-2 * hidden // 64) * 64, 64)
     return min(tokens, fit) if tokens else 0
 
 
 _ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype")  # addmm with a float32 output for 16-bit operands
 
 
-def _accumulate_weight_grad(grad_weight: torch.Tensor, grad_logits: torch.Tensor, hidden: torch.Tensor) -> None:
-    """grad_weight (float32) += grad_logits.T @ hidden, the product accumulated in float32."""
+def _accumulate_weight_grad(grad_weight: torch.Tensor, grad_logits: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """grad_weight (float32) + grad_logits.T @ hidden, the product accumulated in float32."""
     if grad_logits.dtype == torch.float32 or hidden.device.type != "cuda" or not _ADDMM_OUT_DTYPE:
-        grad_weight.addmm_(grad_logits.t().float(), hidden.float())
-    else:  # cuBLAS: bf16/fp16 operands, float32 output
-        grad_weight.copy_(torch.addmm(grad_weight, grad_logits.t(), hidden, out_dtype=torch.float32))
+        return grad_weight.addmm_(grad_logits.t().float(), hidden.float())
+    return torch.addmm(grad_weight, grad_logits.t(), hidden, out_dtype=torch.float32)  # 16-bit operands
 
 
 def _chunked(
@@ -65,7 +70,7 @@ def _chunked(
     grad_hidden = torch.empty_like(hidden) if grads and needs[0] else None
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads and needs[1] else None
     grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if grads and needs[2] else None
-    step = chunk_tokens(tokens, vocab)
+    step = chunk_tokens(tokens, vocab, hidden.shape[1])
     for start in range(0, tokens, step):
         h = hidden[start : start + step]
         t = target[start : start + step]
@@ -93,7 +98,7 @@ def _chunked(
         if grad_hidden is not None:
             torch.mm(grad_logits, weight, out=grad_hidden[start : start + step])
         if grad_weight is not None:
-            _accumulate_weight_grad(grad_weight, grad_logits, h)
+            grad_weight = _accumulate_weight_grad(grad_weight, grad_logits, h)
     return losses, grad_hidden, grad_weight, grad_bias
 
 
