@@ -46,6 +46,7 @@ installed is skipped with the reason.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import statistics
 import time
@@ -583,6 +584,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 if "device-side assert" in str(exc) or "illegal memory access" in str(exc):
                     lost_context = f"{name} {group[0].name}"
         rows += new
+        for row in new:  # on stderr as they come: a run cut short still leaves what it measured
+            ctx.progress.write("row " + json.dumps(row, default=str))
         ctx.progress.update()
     order = {r.name: i for i, r in enumerate(RECIPES)}
     rows.sort(key=lambda row: (names.index(row["model"]), order[row["recipe"]]))
