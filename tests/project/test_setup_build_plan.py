@@ -171,6 +171,9 @@ def _extension(monkeypatch, env: dict[str, str]):
         monkeypatch.delenv("CUDA_HOME")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    # setup.py sets CUDA_HOME before it imports torch.utils.cpp_extension, which reads it once, at import: imported
+    # earlier by another test without CUDA_HOME, it would hold its own guess. Imported afresh here, and put back after.
+    monkeypatch.delitem(sys.modules, "torch.utils.cpp_extension", raising=False)
     captured = {}
     monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
     namespace = {"__file__": str(ROOT / "setup.py"), "__name__": "ampkernels_setup"}
