@@ -375,7 +375,7 @@ def _scaled_matmul_checked(
 # depends only on what _call_key collects, so a call whose key was checked once skips straight to the launch;
 # only what depends on the data pointers (overlap of `out` with the inputs) and the global modes (grad, autocast,
 # tracing) is checked per call. The AMPKERNELS_*BACKEND variables are read when a signature is first seen: call
-# clear_caches() after changing them. See dev/matmul/tuning.md.
+# clear_caches() after changing them. See dev/matmul/NOTES.md, "Host path per call".
 _CALLS: dict[tuple, _Call] = {}
 _MAX_CACHED = 4096
 

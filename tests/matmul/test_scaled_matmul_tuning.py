@@ -34,7 +34,7 @@ def test_candidates_fit_in_shared_memory():
         assert fits(cfg, 2), cfg.describe()
 
 
-# What Triton 3.6 allocates for sm_90 (dev/matmul/tuning.md, compiled offline; a row-major a, the output
+# What Triton 3.6 allocates for sm_90 (dev/matmul/NOTES.md, compiled offline; a row-major a, the output
 # stored through TMA): config, output bytes, accumulate, bytes. A flattened loop that accumulates loads the previous
 # output ahead into a second piece; on the H200 three flattened candidates failed with OutOfResources for fp32 +=.
 TRITON_36_SHARED_BYTES = [

@@ -66,7 +66,7 @@ class Config:
 
 # NOTE: sm_90 shared memory is 227 KB per block: 128x256x64 bf16 is 48 KB a stage, so 3 stages plus a 128x128 store
 # buffer fit, 4 stages only with a 16-bit output split in two. The candidates follow tutorial 09's space
-# (128 x 128-256 x 64, 3-4 stages, 8 warps) plus the square-tile variants; see dev/matmul/tuning.md.
+# (128 x 128-256 x 64, 3-4 stages, 8 warps) plus the square-tile variants; see dev/matmul/NOTES.md, "The tuner".
 HOPPER_TMA_CONFIGS = (
     Config(128, 256, 64, 3, 8, epilogue_split=2),
     Config(128, 256, 64, 3, 8, epilogue_split=2, flatten=True),
@@ -456,7 +456,7 @@ def _shared_bytes(
     """Shared memory of the TMA kernel: the operand ring, one piece of the output tile staged for the store, and
     with a flattened loop that accumulates through TMA a second piece for the previous output, which is loaded
     ahead like the operands. Within the barrier margin above what Triton 3.6 allocates for sm_90 on every
-    candidate, for 16- and 32-bit outputs, accumulating or not (dev/matmul/tuning.md, compiled offline).
+    candidate, for 16- and 32-bit outputs, accumulating or not (dev/matmul/NOTES.md, "Shared-memory estimate").
     Without the second piece, 128x128x64 s4 flat for fp32 out += a @ b looked like 192 KB; it takes 262,184 B, and
     the H200 rejected it and two more flattened candidates with OutOfResources. For pointer stores it is an upper
     bound: Triton stages no piece there unless the loop is flattened (128x256x64 s4 split2: 196,640 B, against
@@ -552,7 +552,7 @@ def choose_config(p: Problem, plan: Plan) -> Config:
 # NOTE: host time per call is what the small transformer shapes lose to cuBLAS (203 us for the public function
 # against torch.mm's 19 us at 256^3 on the H200 host, kernels 60-80 us). Everything that depends only on the key
 # below is computed once per key: plan, config (tuning), grid, constant arguments and, after the first launch,
-# the compiled kernel's own launcher. See dev/matmul/tuning.md for the measurements.
+# the compiled kernel's own launcher. See dev/matmul/NOTES.md, "Host time per call", for the measurements.
 _LAUNCHERS: dict[tuple, _Launcher] = {}
 
 

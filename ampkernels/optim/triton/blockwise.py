@@ -29,8 +29,8 @@ ITEM_BLOCKS = 128
 # memory) and a register cap for groups of whole blocks (None: the compiler's choice; rows of partial blocks need
 # more). Every group with a quantized moment keeps four elements per thread in one layout (blockwise_kernels.py
 # says why); more elements per thread need more registers, and the latency hiding of more programs per SM counts
-# for more than the instructions they save. NOTE (H200, 1.1B params, dev/optimizers/NOTES.md "Low-precision state,
-# second pass"): 8-bit with float32 parameters 4.42 ms with 3 stages (1 stage 4.74, 8 blocks and 2 stages 4.47);
+# for more than the instructions they save. NOTE (H200, 1.1B params, dev/optimizers/NOTES.md "Low-precision
+# state"): 8-bit with float32 parameters 4.42 ms with 3 stages (1 stage 4.74, 8 blocks and 2 stages 4.47);
 # 8-bit with bfloat16 parameters 4.82 with 1 stage (2 stages 4.92); 4-bit 4.10 with 40 registers (uncapped, 56:
 # 4.46; 48: 4.83; 8 blocks: 4.51); bfloat16 moments + stochastic rounding 3.88 with 8 blocks.
 LAUNCH_CONFIGS: dict[str, tuple[int, int, int, int | None]] = {

@@ -163,7 +163,7 @@ def clear_table_cache() -> None:
 
 def _num_programs(device: torch.device, chunks: int) -> int:
     """One program per chunk on a GPU, as the CUDA kernels launch. NOTE (H200, Llama-1B fp32 gradients,
-    dev/matmul/NOTES.md, % of copy, two runs): read-only + norm 96.3-96.5 with a persistent grid of 8 programs
+    dev/scaler/NOTES.md, % of copy, two runs): read-only + norm 96.3-96.5 with a persistent grid of 8 programs
     per SM, 99.0-99.8 with one per chunk; in place 88.8-89.2 and 89.8-90.4."""
     if device.type != "cuda":
         return min(chunks, _INTERPRETER_PROGRAMS)
