@@ -17,11 +17,10 @@ SCALE_ROW = 2  # [M], one per output row
 SCALE_COL = 3  # [N], one per output column
 
 # Elements per chunk of the multi-tensor tables (dev/design.md). The C++ kernels and the Triton optimizers use 16384
-# (one CUDA block per chunk, a thread's whole share of the chunk in flight: dev/scaler/NOTES.md "Unscale write path").
+# (one CUDA block per chunk, a thread's whole share of the chunk in flight: dev/scaler/NOTES.md "Unscale bandwidth").
 CHUNK = 16384
 # The Triton unscale/norm kernel uses 65536: measured with it at 99-100% (read-only) and 90% (in place) of copy
-# bandwidth, one program per chunk (dev/matmul/NOTES.md, "Triton on the 768-wide shapes"); 16384 has not been
-# measured there.
+# bandwidth, one program per chunk (dev/scaler/NOTES.md, "Unscale bandwidth"); 16384 has not been measured there.
 TRITON_UNSCALE_CHUNK = 65536
 
 # Storage formats of the Adam moments (FusedAdam's exp_avg_dtype / exp_avg_sq_dtype; csrc/optim/blockwise.h).

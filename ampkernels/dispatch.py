@@ -127,14 +127,14 @@ ENVIRONMENT = (
 )
 
 _TRITON_MODULES = {
-    **{op: "ampkernels.triton.multi_tensor" for op in SCALER_OPS},
-    "adam": "ampkernels.triton.optimizers",
-    "sgd": "ampkernels.triton.optimizers",
-    "adam_blockwise": "ampkernels.triton.blockwise",
-    "scaled_matmul": "ampkernels.triton.scaled_matmul",
-    "scaled_matmul_float8": "ampkernels.triton.scaled_matmul",
-    "to_float8": "ampkernels.triton.float8_casts",
-    "float8_fused": "ampkernels.triton.float8_fused",
+    **{op: "ampkernels.scaler.triton.multi_tensor" for op in SCALER_OPS},
+    "adam": "ampkernels.optim.triton.optimizers",
+    "sgd": "ampkernels.optim.triton.optimizers",
+    "adam_blockwise": "ampkernels.optim.triton.blockwise",
+    "scaled_matmul": "ampkernels.matmul.triton.scaled_matmul",
+    "scaled_matmul_float8": "ampkernels.matmul.triton.scaled_matmul",
+    "to_float8": "ampkernels.float8.triton.casts",
+    "float8_fused": "ampkernels.float8.triton.fused",
 }
 
 
@@ -220,8 +220,8 @@ def _load_triton(module: str):
 
 
 def triton_module(op: str):
-    """The Triton launch module of ``op`` (e.g. ``ampkernels.triton.multi_tensor``), or ``None`` when Triton is not
-    installed. Raises :class:`BackendImportError` when the module fails to import for any other reason."""
+    """The Triton launch module of ``op`` (e.g. ``ampkernels.scaler.triton.multi_tensor``), or ``None`` when Triton is
+    not installed. Raises :class:`BackendImportError` when the module fails to import for any other reason."""
     return _load_triton(_TRITON_MODULES[_check_op(op)])[0]
 
 

@@ -10,7 +10,7 @@ from ampkernels import dispatch
 from ampkernels.dispatch import AUTO_CANDIDATES
 from ampkernels.dispatch import MATMUL_BACKENDS as BACKENDS
 from ampkernels.matmul.api import ScaledLinear, clear_caches, scaled_matmul, select_backend
-from ampkernels.matmul.dispatch import AUTO_LOG
+from ampkernels.matmul.launch import AUTO_LOG
 
 __all__ = [
     "AUTO_CANDIDATES",
@@ -30,6 +30,6 @@ def why_not(backend: str, device: torch.device | str) -> str | None:
 
 
 def _load_triton():
-    """(``ampkernels.triton.scaled_matmul`` or None, None): its ``TUNING_LOG`` is read by
+    """(``ampkernels.matmul.triton.scaled_matmul`` or None, None): its ``TUNING_LOG`` is read by
     benchmarks/bench_scaled_matmul.py."""
     return dispatch.triton_module("scaled_matmul"), None

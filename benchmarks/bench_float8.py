@@ -215,12 +215,13 @@ def _time_stack_variant(variant: dict, ctx: RunContext, config: dict, batch) -> 
     return row
 
 
-#: tests/test_float8_training.py TOLERANCE: every FP8 recipe's loss within 1% of bf16's.
+#: tests/float8/test_float8_training.py TOLERANCE: every FP8 recipe's loss within 1% of bf16's.
 LOSS_TOLERANCE = 0.01
 LOSS_CHECK_NOTE = (
     "check, after the timed steps (ampkernels rows): the loss of the first step and of the last step of every timed "
     "loop within 1% of stock bf16 eager's at the same step (all variants train the same initial weights on the same "
-    "batch), as tests/test_float8_training.py requires of every FP8 recipe; the other rows' largest gap is recorded"
+    "batch), as tests/float8/test_float8_training.py requires of every FP8 recipe; the other rows' largest gap is "
+    "recorded"
 )
 
 

@@ -273,7 +273,7 @@ def _bench_param_set(ctx: RunContext, set_name: str) -> tuple[list[dict[str, Any
 CHECK_SCALE = 2.0**16  # the default init_scale: a power of two, so unscaling is exact
 CHECK_MAX_NORM = 1.0
 CHECK_ELEMENTS = 2**26  # the real-scale checks run on the first tensors up to this many elements (at least one)
-#: tests/test_grad_scaler_clip.py: a float32 norm's relative error against float64 at most 2x that of torch's
+#: tests/scaler/test_grad_scaler_clip.py: a float32 norm's relative error against float64 at most 2x that of torch's
 #: float32 norm, or this; the grads after the clip within rtol 1e-6 of the float64 unscaled grads times the
 #: coefficient of the returned norm.
 NORM_RTOL_FLOOR, CLIP_RTOL = 1e-6, 1e-6

@@ -84,7 +84,7 @@ WARMUP_STEPS = 3
 #   memorizes its 4 batches turns run-to-run drift into a large ratio (ResNet-50 channels_last, fp16, H100: 0.4352
 #   against 0.4438 after ~900 steps from 6.9, 2% of the final loss, 0.12% of the first).
 LOSS_RTOL = 1e-2
-FLOAT8_LOSS_RTOL = 0.01  # tests/test_float8_training.py: each FP8 recipe within 1% of bf16 (both checks)
+FLOAT8_LOSS_RTOL = 0.01  # tests/float8/test_float8_training.py: each FP8 recipe within 1% of bf16 (both checks)
 # NOTE: loops of >= 0.2 s per repeat keep a step's run-to-run spread near 1% on the H200 (eager steps of 20-150 ms).
 MIN_LOOP_S_GPU, MIN_ITERATIONS = 0.2, 3
 

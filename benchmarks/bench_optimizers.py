@@ -253,9 +253,10 @@ def run(ctx) -> dict[str, Any]:
 
 # ---- checks of what the timed steps computed ----
 
-#: Float32 optimizers against torch's, step by step (tests/test_optimizers.py, FP32_TOL).
+#: Float32 optimizers against torch's, step by step (tests/optim/test_optimizers.py, FP32_TOL).
 FP32_TOL = dict(rtol=1e-5, atol=1e-6)
-#: Low-precision states against the reference step (tests/test_blockwise_adam.py, close() and assert_state_matches).
+#: Low-precision states against the reference step (tests/optim/test_blockwise_adam.py: close(),
+#: assert_state_matches).
 BF16_TOL, FP32_BLOCKWISE_TOL = dict(rtol=2**-7, atol=1e-6), dict(rtol=1e-5, atol=1e-7)
 # At most this share of the 8-bit/4-bit codes (and of the block exponents) may differ on a GPU, where FMA contraction
 # moves a float32 moment by an ulp and, rarely, a code or a block's exponent across a rounding boundary.
@@ -273,7 +274,7 @@ CHECK_NOTE = (
 LOW_PRECISION_CHECK_NOTE = (
     "check (ampkernels rows), after the timed loops: every step count equals the steps taken, and one more step "
     "from the state each option reached matches the reference step (FusedAdamW(backend='torch') loaded with that "
-    "state) as tests/test_blockwise_adam.py does: bit for bit on the CPU; on a GPU float32 values within rtol "
+    "state) as tests/optim/test_blockwise_adam.py does: bit for bit on the CPU; on a GPU float32 values within rtol "
     "1e-5, bfloat16 within rtol 2^-7, at most 1% of the 8-bit/4-bit codes and of the block exponents different"
 )
 

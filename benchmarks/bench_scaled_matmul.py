@@ -131,12 +131,12 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref).norm() / ref.norm())
 
 
-#: tests/scaled_matmul_helpers.py (_assert_accuracy): the relative error against float64 at most twice that of
+#: tests/matmul/scaled_matmul_helpers.py (_assert_accuracy): the relative error against float64 at most twice that of
 #: cuBLAS then ``* scale`` in the low-precision dtype, plus this.
 ERROR_SLACK = 1e-6
 CHECK_NOTE = (
     "check, after the timed loops: each ampkernels result's relative error (Frobenius norm) against a float64 "
-    "matmul times the scale at most twice cuBLAS-then-scale's + 1e-6, as tests/scaled_matmul_helpers.py requires"
+    "matmul times the scale at most twice cuBLAS-then-scale's + 1e-6, as tests/matmul/scaled_matmul_helpers.py requires"
 )
 
 

@@ -72,8 +72,8 @@ def _backends(device: torch.device) -> list[str]:
 
 CHECK_NOTE = (
     "check, after the timed loops: every output of each kernel backend's cast (fp8 codes, scale_inv) bit for bit "
-    "that of the same call on the torch reference (backend='torch'), as tests/test_float8_casts.py requires; the "
-    "reference itself and plain torch are not checked"
+    "that of the same call on the torch reference (backend='torch'), as tests/float8/test_float8_casts.py requires; "
+    "the reference itself and plain torch are not checked"
 )
 
 

@@ -130,12 +130,12 @@ def _cases(device: torch.device, small: bool) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-#: tests/test_float8_fused.py (_check_error): ours' error against float64 (max norm, relative to the largest
+#: tests/float8/test_float8_fused.py (_check_error): ours' error against float64 (max norm, relative to the largest
 #: element) within twice torch's, or one ulp of the output's dtype where torch's is below that.
 CHECK_NOTE = (
     "check, after the timed loops: the output (and for forward + backward the inputs' gradients) of ampkernels and "
     "of the torch code against float64, the error (max norm, relative to the largest element) of ampkernels' within "
-    "twice torch's or one ulp of the dtype, as tests/test_float8_fused.py requires"
+    "twice torch's or one ulp of the dtype, as tests/float8/test_float8_fused.py requires"
 )
 
 

@@ -9,7 +9,7 @@ with w8 [N, K] contiguous: the forward GEMM's layout, the only one cuBLAS's fp8 
 * the same with ``use_fast_accum=True`` (cuBLAS's faster, less precise accumulation; not the default);
 * ampkernels ``scaled_matmul(a, b, scale_a=, scale_b=)`` with the same scales: the default (``auto``), ``triton``,
   ``wgmma`` when the extension has it, and ``cublas`` (``torch._scaled_mm`` with fast accumulation where that stays
-  within the accuracy rule: ``ampkernels.matmul.dispatch.fast_accumulation_ok``).
+  within the accuracy rule: ``ampkernels.matmul.launch.fast_accumulation_ok``).
 
 Ratios are to ``torch._scaled_mm`` as called by default, with the same scaling.
 
@@ -58,13 +58,13 @@ def _backends(device: torch.device) -> list[str]:
     return names + [n for n in ours if dispatch.why_not("scaled_matmul_float8", n, device) is None]
 
 
-#: tests/test_scaled_matmul_float8.py (_assert_within_twice): the relative error against float64 at most twice
+#: tests/matmul/test_scaled_matmul_float8.py (_assert_within_twice): the relative error against float64 at most twice
 #: torch._scaled_mm's (same operands, same scales) plus this.
 ERROR_SLACK = 1e-6
 CHECK_NOTE = (
     "check, after the timed loops (ampkernels rows): the relative error (Frobenius norm) of each result against a "
     "float64 product of the same fp8 operands and scales at most twice torch._scaled_mm's + 1e-6, as "
-    "tests/test_scaled_matmul_float8.py requires"
+    "tests/matmul/test_scaled_matmul_float8.py requires"
 )
 
 

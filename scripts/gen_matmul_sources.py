@@ -8,7 +8,8 @@
   the same instantiations ``extern``.
 
 Run from the repository root: ``python scripts/gen_matmul_sources.py`` (``--check`` only compares, exit status 1
-when a file differs). tests/test_generated_sources.py checks that the committed files are what this script writes.
+when a file differs). tests/matmul/test_generated_sources.py checks that the committed files are what this script
+writes.
 """
 
 import argparse

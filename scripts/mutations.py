@@ -33,29 +33,33 @@ class Mutation:
     equivalent: str = ""
 
 
-REF = "ampkernels/reference.py"
-MT = "ampkernels/triton/multi_tensor_kernels.py"
-OPT = "ampkernels/triton/optimizers_kernels.py"
-CAST = "ampkernels/triton/float8_casts_kernels.py"
-FUSED = "ampkernels/triton/float8_fused_kernels.py"
-BLOCK = "ampkernels/triton/blockwise_kernels.py"
-SCALER = "ampkernels/grad_scaler.py"
+REF_SCALER = "ampkernels/scaler/reference.py"
+REF_OPTIM = "ampkernels/optim/reference.py"
+REF_MATMUL = "ampkernels/matmul/reference.py"
+REF_FLOAT8 = "ampkernels/float8/reference.py"
+REF_LOSS = "ampkernels/loss/reference.py"
+MT = "ampkernels/scaler/triton/multi_tensor_kernels.py"
+OPT = "ampkernels/optim/triton/optimizers_kernels.py"
+CAST = "ampkernels/float8/triton/casts_kernels.py"
+FUSED = "ampkernels/float8/triton/fused_kernels.py"
+BLOCK = "ampkernels/optim/triton/blockwise_kernels.py"
+SCALER = "ampkernels/scaler/grad_scaler.py"
 
-T_MT = "tests/test_triton_multi_tensor.py"
-T_OPS = "tests/test_ops.py"
-T_OPT = "tests/test_optimizers.py"
-T_FUSED = "tests/test_float8_fused.py"
-T_CAST = "tests/test_float8_casts.py"
+T_MT = "tests/scaler/test_triton_multi_tensor.py"
+T_OPS = "tests/scaler/test_ops.py"
+T_OPT = "tests/optim/test_optimizers.py"
+T_FUSED = "tests/float8/test_float8_fused.py"
+T_CAST = "tests/float8/test_float8_casts.py"
 T_KILLS = "tests/test_mutation_kills.py"
 T_REF64 = "tests/test_reference_float64.py"
 LCE = "ampkernels/loss/cross_entropy.py"
-T_LCE = "tests/test_linear_cross_entropy.py"
+T_LCE = "tests/loss/test_linear_cross_entropy.py"
 
 MUTATIONS: list[Mutation] = [
     # ---- fused linear + cross-entropy: reference and the chunked kernel ----
     Mutation(
         "ref-lce-smoothing-term",
-        REF,
+        REF_LOSS,
         "label_smoothing * (lse - logits.mean(-1))",
         "label_smoothing * (lse + logits.mean(-1))",
         "reference label smoothing adds the mean logit instead of subtracting it",
@@ -88,7 +92,7 @@ MUTATIONS: list[Mutation] = [
     # ---- reference: the scaler's unscale, non-finite check, norms, clip coefficient, scale update ----
     Mutation(
         "ref-unscale-by-scale",
-        REF,
+        REF_SCALER,
         "v = g.to(math_dtype) * inv.to(g.device, math_dtype)",
         "v = g.to(math_dtype) * scale.to(g.device, math_dtype)",
         "reference unscale multiplies by the scale instead of its inverse",
@@ -96,7 +100,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-nonfinite-misses-inf",
-        REF,
+        REF_SCALER,
         "flags.append(torch.isfinite(g).all().logical_not().to(dev))",
         "flags.append(torch.isnan(g).any().to(dev))",
         "reference non-finite check sees NaN but not inf",
@@ -104,7 +108,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-l2-norm-no-sqrt",
-        REF,
+        REF_SCALER,
         "total, each = stacked.sum().sqrt(), stacked.sqrt()",
         "total, each = stacked.sum(), stacked.sqrt()",
         "reference total L2 norm is the sum of squares (square root dropped)",
@@ -112,7 +116,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-inf-norm-no-abs",
-        REF,
+        REF_SCALER,
         "norms.append((vd.abs().max() if vd.numel()",
         "norms.append((vd.max() if vd.numel()",
         "reference inf norm takes max(v) instead of max(|v|)",
@@ -120,15 +124,15 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-clip-coef-no-eps",
-        REF,
+        REF_SCALER,
         "torch.clamp(max_norm / (norm.float() + 1e-6), max=1.0)",
         "torch.clamp(max_norm / norm.float(), max=1.0)",
         "reference clip coefficient drops clip_grad_norm_'s 1e-6",
-        (f"{T_MT}::test_clip_coef", "tests/test_grad_scaler_clip.py"),
+        (f"{T_MT}::test_clip_coef", "tests/scaler/test_grad_scaler_clip.py"),
     ),
     Mutation(
         "ref-growth-off-by-one",
-        REF,
+        REF_SCALER,
         "grow = successful == growth_interval",
         "grow = successful > growth_interval",
         "reference scale grows one step after growth_interval clean steps",
@@ -139,15 +143,15 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-hysteresis-off-by-one",
-        REF,
+        REF_SCALER,
         "scale_if_found = torch.where(ht_after_overflow <= 0, backed_off, s)",
         "scale_if_found = torch.where(ht_after_overflow < 0, backed_off, s)",
         "reference backs off one overflow later than the hysteresis says",
-        (f"{T_OPS}::test_update_scale_follows_reference", "tests/test_grad_scaler_extras.py"),
+        (f"{T_OPS}::test_update_scale_follows_reference", "tests/scaler/test_grad_scaler_extras.py"),
     ),
     Mutation(
         "ref-tracker-kept-on-overflow",
-        REF,
+        REF_SCALER,
         "growth_tracker.copy_(torch.where(found | grow, zero, successful)",
         "growth_tracker.copy_(torch.where(grow, zero, successful)",
         "reference growth tracker is not reset by an overflow",
@@ -158,16 +162,16 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-backoff-floor-dropped",
-        REF,
+        REF_SCALER,
         "backed_off = torch.maximum((s.double() * backoff_factor).float(), torch.tensor(min_scale, **f32))",
         "backed_off = (s.double() * backoff_factor).float()",
         "reference backoff ignores min_scale",
-        (f"{T_OPS}::test_update_scale_follows_reference", "tests/test_grad_scaler_extras.py"),
+        (f"{T_OPS}::test_update_scale_follows_reference", "tests/scaler/test_grad_scaler_extras.py"),
     ),
     # ---- reference: Adam / AdamW / SGD ----
     Mutation(
         "ref-adam-bias-correction-old-step",
-        REF,
+        REF_OPTIM,
         "step_size = (lr64 / (1 - beta1 ** new_step.double())).float()",
         "step_size = (lr64 / (1 - beta1 ** (new_step.double() + 1))).float()",
         "reference Adam's first bias correction uses the next step count (off by one)",
@@ -175,7 +179,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-adam-bc2-no-sqrt",
-        REF,
+        REF_OPTIM,
         "bc2_sqrt = (1 - beta2 ** new_step.double()).sqrt().float()",
         "bc2_sqrt = (1 - beta2 ** new_step.double()).float()",
         "reference Adam divides by 1 - beta2^t instead of its square root",
@@ -183,7 +187,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-adam-eps-inside",
-        REF,
+        REF_OPTIM,
         "p = p - step_size * (m / (root / bc2_sqrt + eps))",
         "p = p - step_size * (m / ((root + eps) / bc2_sqrt))",
         "reference Adam adds eps before the bias correction instead of after",
@@ -191,7 +195,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-amsgrad-max-unused",
-        REF,
+        REF_OPTIM,
         "second = vmax = torch.maximum(vmax0, v)",
         "vmax = torch.maximum(vmax0, v)",
         "reference AMSGrad keeps the running max but divides by the current second moment",
@@ -199,7 +203,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-adam-l2-sign",
-        REF,
+        REF_OPTIM,
         "        else:\n            g = g + weight_decay * p\n    m = m0",
         "        else:\n            g = g - weight_decay * p\n    m = m0",
         "reference Adam (L2) subtracts the weight decay term from the gradient",
@@ -207,7 +211,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-adamw-decay-without-lr",
-        REF,
+        REF_OPTIM,
         "p = p * torch.as_tensor(1 - lr64 * weight_decay, device=dev).float()",
         "p = p * torch.as_tensor(1 - weight_decay, device=dev).float()",
         "reference AdamW decays by weight_decay instead of lr * weight_decay",
@@ -215,7 +219,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-sgd-dampening",
-        REF,
+        REF_OPTIM,
         "momentum_buffers[i].float() * momentum + (1 - dampening) * g",
         "momentum_buffers[i].float() * momentum + dampening * g",
         "reference SGD scales the new gradient by dampening instead of 1 - dampening",
@@ -223,7 +227,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-sgd-nesterov",
-        REF,
+        REF_OPTIM,
         "g = g + momentum * buf if nesterov else buf",
         "g = g + buf if nesterov else buf",
         "reference Nesterov SGD drops the momentum factor of the look-ahead",
@@ -232,7 +236,7 @@ MUTATIONS: list[Mutation] = [
     # ---- reference: fused producers, RoPE, FP8 casts, scaled_matmul ----
     Mutation(
         "ref-rms-norm-eps",
-        REF,
+        REF_FLOAT8,
         "torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)",
         "torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps * 1000)",
         "reference RMSNorm's eps scaled by 1000",
@@ -240,7 +244,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-silu-is-sigmoid",
-        REF,
+        REF_FLOAT8,
         "(torch.nn.functional.silu(gate.float()) * up.float())",
         "(torch.sigmoid(gate.float()) * up.float())",
         "reference SiLU·up uses sigmoid(gate) instead of gate * sigmoid(gate)",
@@ -248,7 +252,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-rotary-sign",
-        REF,
+        REF_FLOAT8,
         "torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)",
         "torch.cat((x1 * cos + x2 * sin, x1 * sin + x2 * cos), dim=-1)",
         "reference RoPE with the sign of x2 * sin flipped in the first half",
@@ -256,7 +260,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-rotary-frequency",
-        REF,
+        REF_FLOAT8,
         "inv_freq = base ** (-torch.arange(half, device=device, dtype=torch.float32) / half)",
         "inv_freq = base ** (-torch.arange(half, device=device, dtype=torch.float32) / (2 * half))",
         "reference RoPE frequencies base^(-i/D) instead of base^(-i/(D/2))",
@@ -264,7 +268,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-float8-no-saturation",
-        REF,
+        REF_FLOAT8,
         "y = (xf * s).clamp(-limit, limit)",
         "y = xf * s",
         "reference FP8 cast does not saturate at ±max",
@@ -272,7 +276,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-float8-inf-saturates",
-        REF,
+        REF_FLOAT8,
         "y = torch.where(torch.isfinite(xf), y, torch.full_like(y, math.nan))",
         "y = torch.where(torch.isnan(xf), y, y)",
         "reference FP8 cast saturates inf to ±max instead of making it NaN",
@@ -280,7 +284,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-float8-double-rounding",
-        REF,
+        REF_FLOAT8,
         "data = y.to(dtype).contiguous()",
         "data = y.to(torch.bfloat16).to(dtype).contiguous()",
         "reference FP8 cast rounds through bfloat16 first (double rounding)",
@@ -288,7 +292,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-float8-scale-floor",
-        REF,
+        REF_FLOAT8,
         "scale = torch.reciprocal(torch.clamp(amax, min=FLOAT8_AMAX_FLOOR)) * float8_max(dtype)",
         "scale = torch.reciprocal(amax) * float8_max(dtype)",
         "reference FP8 scale without the amax floor (an all-zero tensor gets an inf scale)",
@@ -296,7 +300,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-scaled-matmul-divides",
-        REF,
+        REF_MATMUL,
         "v = v * (scale.to(compute) * alpha)",
         "v = v / (scale.to(compute) * alpha)",
         "reference scaled_matmul divides by a tensor scale instead of multiplying",
@@ -304,13 +308,13 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ref-float8-matmul-bias-rounded",
-        REF,
+        REF_MATMUL,
         "        v = v + bias.float()\n",
         "        v = v + bias.to(out_dtype).float()\n",
         "reference FP8 scaled_matmul rounds the bias to the output dtype before adding it",
         (
             f"{T_REF64}::test_scaled_matmul_float8",
-            "tests/test_scaled_matmul_float8.py::test_backend_matches_the_reference",
+            "tests/matmul/test_scaled_matmul_float8.py::test_backend_matches_the_reference",
         ),
         equivalent="not equivalent, but below every tolerance: it moves an element of a 16-bit output by at most one "
         "ulp (the bias rounded, then the sum), and the accuracy tests allow half an ulp plus the float32 sum's error "
@@ -323,7 +327,7 @@ MUTATIONS: list[Mutation] = [
         "bad = bad | ((tl.abs(xf) <= _FLT_MAX) == 0).to(tl.int32)",
         "bad = bad | ((tl.abs(xf) < _FLT_MAX) == 0).to(tl.int32)",
         "Triton non-finite check flags |x| == FLT_MAX",
-        ("tests/test_non_finite_boundary.py", "-k", "triton"),
+        ("tests/scaler/test_non_finite_boundary.py", "-k", "triton"),
     ),
     Mutation(
         "triton-l2-overwrites",
@@ -412,7 +416,7 @@ MUTATIONS: list[Mutation] = [
         "tl.load(x_ptr + idx, mask=mask, other=0.0).to(tl.float32), v, propagate_nan=tl.PropagateNan.ALL",
         "tl.load(x_ptr + idx, mask=mask, other=0.0).to(tl.float32), v",
         "Triton AMSGrad's running max drops a NaN second moment",
-        ("tests/test_amsgrad_nan.py", "-k", "triton"),
+        ("tests/optim/test_amsgrad_nan.py", "-k", "triton"),
     ),
     Mutation(
         "triton-sgd-nesterov",
@@ -477,7 +481,7 @@ MUTATIONS: list[Mutation] = [
         "codes = tl.maximum(codes, 1)  # the second moment is never zero",
         "codes = tl.maximum(codes, 0)  # the second moment is never zero",
         "Triton blockwise state lets a quantized second moment round to zero",
-        ("tests/test_triton_blockwise.py::test_second_moment_never_zero_and_signs",),
+        ("tests/optim/test_triton_blockwise.py::test_second_moment_never_zero_and_signs",),
     ),
     # ---- the scaler's Python logic ----
     Mutation(
@@ -486,7 +490,7 @@ MUTATIONS: list[Mutation] = [
         "state[_PENDING] = base / coef",
         "state[_PENDING] = base * coef",
         "FusedGradScaler's deferred clip hands scale * coef to the optimizer instead of scale / coef",
-        ("tests/test_grad_scaler_clip.py",),
+        ("tests/scaler/test_grad_scaler_clip.py",),
     ),
     Mutation(
         "scaler-hysteresis-not-passed",
@@ -494,7 +498,7 @@ MUTATIONS: list[Mutation] = [
         "            hysteresis=self._hysteresis,\n            hysteresis_tracker=self._hysteresis_tracker,",
         "            hysteresis=1,\n            hysteresis_tracker=self._hysteresis_tracker,",
         "FusedGradScaler.update resets the hysteresis tracker to 1, not to the configured hysteresis",
-        ("tests/test_grad_scaler_extras.py", "-k", "hysteresis"),
+        ("tests/scaler/test_grad_scaler_extras.py", "-k", "hysteresis"),
     ),
     Mutation(
         "scaler-state-dict-hysteresis-tracker",
@@ -502,7 +506,7 @@ MUTATIONS: list[Mutation] = [
         "else int(self._hysteresis_tracker.item())",
         "else self._init_hysteresis_tracker",
         "FusedGradScaler.state_dict saves the initial hysteresis tracker, not the current one",
-        ("tests/test_grad_scaler_state_dict.py",),
+        ("tests/scaler/test_grad_scaler_state_dict.py",),
     ),
     # ---- native CPU kernels (C++; --native) ----
     Mutation(
@@ -511,7 +515,7 @@ MUTATIONS: list[Mutation] = [
         "vmax = (v > vmax || v != v) ? v : vmax;",
         "vmax = v > vmax ? v : vmax;",
         "native AMSGrad's running max drops a NaN second moment",
-        ("tests/test_amsgrad_nan.py", "-k", "native"),
+        ("tests/optim/test_amsgrad_nan.py", "-k", "native"),
         native=True,
     ),
     Mutation(
@@ -565,7 +569,7 @@ MUTATIONS: list[Mutation] = [
         "for (int k = 0; k < n; ++k) g[k] = static_cast<float>(grad[k]) * inv_scale;",
         "for (int k = 0; k < n; ++k) g[k] = static_cast<float>(grad[k]);",
         "native blockwise Adam does not unscale the gradients",
-        ("tests/test_blockwise_adam.py", "-k", "native and (scaler or formats_match)"),
+        ("tests/optim/test_blockwise_adam.py", "-k", "native and (scaler or formats_match)"),
         native=True,
     ),
     Mutation(
@@ -592,7 +596,7 @@ MUTATIONS: list[Mutation] = [
         "const float coef = (1.f / (norm + 1e-6f)) * static_cast<float>(a.max_norm);",
         "const float coef = (1.f / norm) * static_cast<float>(a.max_norm);",
         "native clip coefficient drops the 1e-6",
-        (f"{T_OPS}::test_inf_norm_factor_and_clip_coefficient", "tests/test_grad_scaler_clip.py"),
+        (f"{T_OPS}::test_inf_norm_factor_and_clip_coefficient", "tests/scaler/test_grad_scaler_clip.py"),
         native=True,
     ),
     Mutation(

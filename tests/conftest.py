@@ -61,7 +61,7 @@ def fresh_caches():
     measurement logs, so that a test reads only its own entries."""
     from ampkernels import dispatch as ampkernels_dispatch
     from ampkernels.matmul import api as sm_api
-    from ampkernels.matmul import dispatch as sm_dispatch
+    from ampkernels.matmul import launch as sm_dispatch
 
     def clear():
         sm_api.clear_caches()

@@ -13,6 +13,7 @@ from itertools import pairwise
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerances import NORM_RTOL_FLOOR  # noqa: F401  (re-exported to the scaler tests)
 
 from ampkernels import FusedGradScaler
 
@@ -21,8 +22,6 @@ STOCK_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_g
 INF = math.inf
 FLOAT32_TINY = 2.0**-126
 CHUNK = 65536  # the multi-tensor chunk size of dev/design.md: sizes around it are the interesting ones
-# A float32 norm's relative error may be 2x that of torch's float32 norm, or up to this (~log2(n) ulps, n ~ 1e7).
-NORM_RTOL_FLOOR = 1e-6
 
 # ----------------------------------------------------------------------------------------------------------------
 # comparison helpers

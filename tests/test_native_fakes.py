@@ -1,5 +1,5 @@
-"""Every op the native extension registers has a fake implementation (ampkernels/_native_fakes.py), and the list
-of ops there is the list registered."""
+"""Every op the native extension registers has a fake implementation (registered by its family with
+``ampkernels._native_fakes.native_fake``), and the list of ops there is the list registered."""
 
 from __future__ import annotations
 
@@ -44,6 +44,12 @@ def _native_op_names() -> set[str]:
 
 def test_the_native_ops_are_the_listed_ones_with_their_schemas():
     assert set(_native_fakes.NATIVE_OPS) == set(SCHEMAS) == _native_op_names()
+    assert set(_native_fakes.FAKES) == set(SCHEMAS)  # each family registered its ops' fakes on import
+
+
+def test_a_fake_for_an_unlisted_op_is_refused():
+    with pytest.raises(ValueError, match="'no_such_op_' is not in NATIVE_OPS"):
+        _native_fakes.native_fake("no_such_op_")(lambda: None)
     for name, schema in SCHEMAS.items():
         assert str(getattr(torch.ops.ampkernels, name).default._schema) == schema
 

@@ -3,7 +3,7 @@ the ``torch.library`` ops ``ampkernels::to_float8`` / ``ampkernels::to_float8_pa
 the launch on the backend :mod:`ampkernels.dispatch` picks). Semantics: :func:`ampkernels.reference.to_float8`.
 
 Backends: ``"native"`` (the op ``ampkernels::to_float8_native``, CUDA kernels in ``csrc/float8/casts.cu``; the
-default on CUDA tensors), ``"triton"`` (``ampkernels/triton/float8_casts.py``) and ``"torch"`` (the reference; the
+default on CUDA tensors), ``"triton"`` (``ampkernels/float8/triton/casts.py``) and ``"torch"`` (the reference; the
 default on CPU tensors). Empty tensors take the reference on any (nothing for a kernel to do).
 """
 
@@ -13,10 +13,12 @@ import math
 
 import torch
 
-from ampkernels import dispatch, reference
+from ampkernels import dispatch
 from ampkernels._constants import FLOAT8_DTYPES
+from ampkernels._native_fakes import check, native_fake
+from ampkernels.float8 import reference
+from ampkernels.float8.reference import FLOAT8_GRANULARITIES
 from ampkernels.matmul.api import _plain_eager
-from ampkernels.reference import FLOAT8_GRANULARITIES
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -214,6 +216,46 @@ def _to_float8_pair_op(
 def _(x, dtype, scale, amax_out, found_inf, backend):
     M, K = x.shape
     return x.new_empty((M, K), dtype=dtype), x.new_empty((K, M), dtype=dtype), x.new_empty((), dtype=torch.float32)
+
+
+def _check_vector(t, arg: str, x, count, contiguous: bool) -> None:
+    if t is None:
+        return
+    check(t.dtype == torch.float32, arg, lambda: f"expected a float32 tensor, got {t.dtype}")
+    check(t.device == x.device, arg, lambda: f"expected a tensor on {x.device}, got one on {t.device}")
+    check(t.numel() == count, arg, lambda: f"expected {count} elements, got {t.numel()}")
+    check(not contiguous or t.is_contiguous(), arg, lambda: f"must be contiguous, got strides {t.stride()}")
+
+
+@native_fake("to_float8_native")
+def _to_float8_native_fake(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch):
+    check(
+        x.dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64),
+        "x",
+        lambda: f"expected float32, bfloat16, float16 or float64, got {x.dtype}",
+    )
+    check(x.dim() == 2, "x", lambda: f"expected a 2-D tensor [M, K], got {x.dim()} dimensions")
+    check(x.numel() > 0, "x", lambda: f"expected at least one element, got shape {list(x.shape)}")
+    check(dtype in FLOAT8_DTYPES, "dtype", lambda: f"expected float8_e4m3fn or float8_e5m2, got {dtype}")
+    check(write_data or write_t, "write_data", "nothing to write: write_data and write_t are both false")
+    check(not (per_row and write_data and write_t), "per_row", "the pair (both layouts) is tensorwise only")
+    M, K = x.shape
+    count = (K if write_t else M) if per_row else 1
+    _check_vector(scale, "scale", x, count, True)
+    _check_vector(amax_out, "amax_out", x, count, True)
+    _check_vector(found_inf, "found_inf", x, 1, False)
+    if amax_scratch is not None:
+        check(not per_row and scale is None, "amax_scratch", "only for tensorwise current scaling")
+        check(
+            amax_scratch.dtype == torch.int32 and amax_scratch.numel() == 3 and amax_scratch.is_contiguous(),
+            "amax_scratch",
+            "expected a contiguous int32 tensor of 3 elements",
+        )
+        check(amax_scratch.device == x.device, "amax_scratch", lambda: f"expected a tensor on {x.device}")
+    data = x.new_empty((M, K) if write_data else (0,), dtype=dtype)
+    data_t = x.new_empty((K, M) if write_t else (0,), dtype=dtype)
+    scale_inv = x.new_empty(((K if write_t else M), 1) if per_row else (), dtype=torch.float32)
+    return data, data_t, scale_inv
 
 
 def _bump(*mutated) -> None:

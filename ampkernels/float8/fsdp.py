@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from ampkernels import reference
+from ampkernels.float8 import reference
 
 aten = torch.ops.aten
 

@@ -23,10 +23,11 @@ import weakref
 import torch
 from torch import nn
 
-from ampkernels import dispatch, reference
+from ampkernels import dispatch
 from ampkernels._autograd import first_order
+from ampkernels._runtime import capturing
+from ampkernels.float8 import reference
 from ampkernels.matmul.api import _plain_eager
-from ampkernels.triton import capturing
 
 __all__ = ["RMSNorm", "produced_amax", "rms_norm", "rotary_embedding", "silu_mul"]
 

@@ -37,8 +37,8 @@ from ampkernels._modules import buffers_keep_dtype
 from ampkernels.float8.casts import cast_with_produced_amax, to_float8, to_float8_pair
 from ampkernels.float8.fsdp import Float8AllGatherWeight, Float8GatheredWeight, wrap_float8_all_gather
 from ampkernels.float8.fused import produced_amax
+from ampkernels.float8.reference import float8_max
 from ampkernels.matmul.api import scaled_matmul
-from ampkernels.reference import float8_max
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 RECIPES = ("tensorwise", "rowwise", "delayed")

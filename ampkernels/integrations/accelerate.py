@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from ampkernels.grad_scaler import FusedGradScaler
 from ampkernels.integrations._common import require
+from ampkernels.scaler.grad_scaler import FusedGradScaler
 
 accelerate = require("accelerate", "accelerate", "accelerate")
 

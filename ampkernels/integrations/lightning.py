@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from ampkernels.float8 import Float8Recipe, convert_to_float8
-from ampkernels.grad_scaler import FusedGradScaler
 from ampkernels.integrations._common import require
+from ampkernels.scaler.grad_scaler import FusedGradScaler
 
 lightning = require("lightning", "lightning", "lightning")
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampkernels.grad_scaler import FusedGradScaler
 from ampkernels.integrations._common import require
-from ampkernels.optimizers import FusedAdamW
+from ampkernels.optim.optimizers import FusedAdamW
+from ampkernels.scaler.grad_scaler import FusedGradScaler
 
 transformers = require("transformers", "transformers", "transformers")
 

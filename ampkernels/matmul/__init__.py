@@ -2,9 +2,9 @@
 
 * :mod:`ampkernels.matmul.api`: :func:`scaled_matmul`, :class:`ScaledLinear`, argument checks and normalization,
   the per-signature cache of checked calls;
-* :mod:`ampkernels.matmul.ops`: the ``torch.library`` ops ``ampkernels::scaled_mm_`` / ``ampkernels::scaled_mm``,
+* :mod:`ampkernels.matmul.library`: the ``torch.library`` ops ``ampkernels::scaled_mm_`` / ``ampkernels::scaled_mm``,
   their fake implementations and autograd;
-* :mod:`ampkernels.matmul.dispatch`: the launch on the chosen backend and ``"auto"``'s per-problem timing (which
+* :mod:`ampkernels.matmul.launch`: the launch on the chosen backend and ``"auto"``'s per-problem timing (which
   backends exist and the default: :mod:`ampkernels.dispatch`).
 """
 

@@ -2,11 +2,11 @@
 ``aten::mm``; normalizes the scale to one of four modes; flattens ``a``'s batch dimensions; picks a backend through
 :mod:`ampkernels.dispatch`) and :class:`ScaledLinear`, a drop-in ``torch.nn.Linear`` running on it.
 
-Backends: ``"triton"`` (``ampkernels/triton/scaled_matmul.py``), ``"wgmma"`` (the native op
+Backends: ``"triton"`` (``ampkernels/matmul/triton/scaled_matmul.py``), ``"wgmma"`` (the native op
 ``ampkernels::scaled_matmul_wgmma_``: Hopper only, in a build for sm_90a), ``"wmma"`` (the native op
 ``ampkernels::scaled_matmul_wmma_``, sm_75 and newer), ``"torch"`` (:func:`ampkernels.reference.scaled_matmul`, also
 the only backend for float32/float64 operands) and, the default on Hopper, ``"auto"``: Triton or wgmma per problem
-(:func:`ampkernels.matmul.dispatch.auto_backend`).
+(:func:`ampkernels.matmul.launch.auto_backend`).
 
 Float8 operands (:func:`_scaled_matmul_float8`) have their own checks, backends (``"auto"``, ``"triton"``,
 ``"wgmma"``: the native op ``ampkernels::scaled_matmul_fp8_wgmma_``, ``"cublas"``: ``torch._scaled_mm``,
@@ -24,10 +24,10 @@ import torch
 from ampkernels import dispatch
 from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
 from ampkernels._modules import buffers_keep_dtype
-from ampkernels.matmul import dispatch as matmul_dispatch
-from ampkernels.matmul import ops as _ops  # noqa: F401  (registers the torch.library ops)
-from ampkernels.matmul.dispatch import auto_backend, cublas_refuses, launch, launch_float8
-from ampkernels.triton import capturing
+from ampkernels._runtime import capturing
+from ampkernels.matmul import launch as matmul_dispatch
+from ampkernels.matmul import library as _library  # noqa: F401  (registers the torch.library ops)
+from ampkernels.matmul.launch import auto_backend, cublas_refuses, launch, launch_float8
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -375,7 +375,7 @@ def _scaled_matmul_checked(
 # depends only on what _call_key collects, so a call whose key was checked once skips straight to the launch;
 # only what depends on the data pointers (overlap of `out` with the inputs) and the global modes (grad, autocast,
 # tracing) is checked per call. The AMPKERNELS_*BACKEND variables are read when a signature is first seen: call
-# clear_caches() after changing them. See dev/matmul/tuning.md.
+# clear_caches() after changing them. See dev/matmul/NOTES.md, "Host path per call".
 _CALLS: dict[tuple, _Call] = {}
 _MAX_CACHED = 4096
 

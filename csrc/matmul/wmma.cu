@@ -114,9 +114,9 @@ void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
     if (tile == "128x128x32w4" && try_tuned<T, CfgW>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4" && try_tuned<T, CfgX>(p, info, dev, stream)) return;
     if (tile == "128x128x64w4db" && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
-    // auto, by waves of two blocks per SM. NOTE (H200, dev/matmul/wmma/NOTES.md run 3, bf16 TFLOP/s): 2 waves or more
-    // 128x128x64w4db (8192^3: 357 vs 302 single-buffered); 1-2 waves 128x128x64w4 (8192x768x3072: 247 vs 225);
-    // fewer 128x128x32w4 (768x3072x8192, 144 tiles: 213 vs 160).
+    // auto, by waves of two blocks per SM. NOTE (H200, dev/matmul/wmma/NOTES.md "Tile configurations by bench", bf16
+    // TFLOP/s): 2 waves or more 128x128x64w4db (8192^3: 357 vs 302 single-buffered); 1-2 waves 128x128x64w4
+    // (8192x768x3072: 247 vs 225); fewer 128x128x32w4 (768x3072x8192, 144 tiles: 213 vs 160).
     const int64_t waves = num_tiles<CfgX>(p) / (2 * int64_t(info.sms));
     if (waves >= 2 && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
     if (waves >= 1 && try_tuned<T, CfgX>(p, info, dev, stream)) return;

@@ -71,8 +71,8 @@ struct Config {
 
 // Tuned configurations (sm_80+, aligned operands), chosen by the launcher, and the portable one. The tuned ones are
 // 128x128 tiles of 4 warps (64x64 warp tiles), two blocks per SM, so one block's barrier wait overlaps the other's
-// math. NOTE (H200, dev/matmul/wmma/NOTES.md run 3): 8 warps in 128x256 tiles, one block per SM, ran at 281-316 TFLOP/s
-// bf16 on 8192^3 where these reach 349-357.
+// math. NOTE (H200, dev/matmul/wmma/NOTES.md "Tile configurations by bench"): 8 warps in 128x256 tiles, one block
+// per SM, ran at 281-316 TFLOP/s bf16 on 8192^3 where these reach 349-357.
 using CfgW = Config<128, 128, 32, 64, 64, 4, 2>;      // 74 KB x 2 blocks
 using CfgX = Config<128, 128, 64, 64, 64, 3, 2>;      // 108 KB x 2 blocks: half the barriers per FLOP of W
 using CfgXD = Config<128, 128, 64, 64, 64, 3, 2, 2>;  // X with double-buffered fragments

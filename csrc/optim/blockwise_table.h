@@ -18,7 +18,7 @@
 
 namespace ampkernels {
 
-// Order of the state lists (ampkernels/optimizers.py _BLOCKWISE_KEYS).
+// Order of the state lists (ampkernels/optim/optimizers.py _BLOCKWISE_KEYS).
 enum BlockwiseList : int { kBwExpAvg, kBwExpAvgScale, kBwExpAvgSq, kBwExpAvgSqScale, kBwMax, kBwMaster, kBwStep, kBwLists };
 
 class AMPK_HIDDEN BlockwiseAdamTable {
