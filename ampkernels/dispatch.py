@@ -48,16 +48,15 @@ Environment variables read by ampkernels (``python -m ampkernels.info`` prints t
 * ``AMPKERNELS_FLOAT8_BACKEND`` = native|triton|torch: the FP8 casts (to_float8, to_float8_pair) and the fused kernels
   of ampkernels.float8 (rms_norm, silu_mul, rotary_embedding).
 * ``AMPKERNELS_TUNE`` = 1 (default) | 0: 0 turns off timing (Triton's matmul config tuning and ``auto``'s choice
-  between Triton and wgmma); fixed rules decide instead.
-* ``AMPKERNELS_SCALED_MATMUL_TMA_DESC`` = device (default) | host: where the Triton matmul builds its TMA
-  descriptors (``host``: ``triton.tools.tensor_descriptor``; for comparing the two).
-* ``AMPKERNELS_TRITON_DIRECT_LAUNCH`` = 1 (default) | 0: 0 launches the Triton matmul through ``JITFunction.run``
-  instead of the cached compiled kernel (for checking the fast path against Triton's own).
-* ``AMPKERNELS_WGMMA_BN`` = 128|192|256 (read by the C++ wgmma launcher per call): forces its tile width.
-* ``AMPKERNELS_WMMA_TILE`` = auto|128x128x32w4|128x128x64w4|128x128x64w4db|portable (read by the C++ WMMA
-  launcher): forces its configuration.
+  between Triton and wgmma); fixed rules decide instead. Read once, when ampkernels is imported, into
+  ``ampkernels.matmul.tuning.TUNE``, which a running process sets instead.
 * ``TRITON_INTERPRET`` = 1 (Triton's own): Triton kernels run on CPU tensors in the interpreter; must be set before
   ampkernels imports its Triton kernels (``triton.jit`` reads it when it decorates them).
+
+Debug switches are module attributes, not environment variables (tests and the probes in dev/ set them; call
+``ampkernels.matmul.clear_caches()`` after changing one): ``ampkernels.matmul.tuning.WMMA_TILE`` and ``WGMMA_BN``
+force the native WMMA and wgmma kernels' tile configurations; ``TMA_DESCRIPTORS`` and ``DIRECT_LAUNCH`` of
+``ampkernels.matmul.triton.scaled_matmul`` choose how the Triton matmul builds its TMA descriptors and launches.
 
 Read at build time by ``setup.py``: ``AMPKERNELS_NO_NATIVE=1`` (no C++ at all), ``AMPKERNELS_NO_CUDA=1`` (CPU
 kernels only).
@@ -119,10 +118,6 @@ ENVIRONMENT = (
     "AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND",
     "AMPKERNELS_FLOAT8_BACKEND",
     "AMPKERNELS_TUNE",
-    "AMPKERNELS_SCALED_MATMUL_TMA_DESC",
-    "AMPKERNELS_TRITON_DIRECT_LAUNCH",
-    "AMPKERNELS_WGMMA_BN",
-    "AMPKERNELS_WMMA_TILE",
     "TRITON_INTERPRET",
 )
 

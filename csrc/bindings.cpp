@@ -55,6 +55,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "(tile width, grid) of the wgmma kernel for an M x N output on `sms` SMs", pybind11::arg("M"), pybind11::arg("N"),
       pybind11::arg("sms"));
+  // The configurations forced for the probes and tests (scaled_matmul.h); Python sets them from the attributes of
+  // ampkernels.matmul.tuning (its apply()).
+  m.def("_set_matmul_tuning", &ampkernels::set_matmul_tuning,
+        "force the WMMA kernel's configuration ('auto': its own choice) and the wgmma kernels' tile width (0: their "
+        "own choice)",
+        pybind11::arg("wmma_tile"), pybind11::arg("wgmma_bn"));
+  m.def(
+      "_matmul_tuning",
+      [] {
+        return pybind11::make_tuple(ampkernels::wmma_tile_name(ampkernels::forced_wmma_tile()),
+                                    ampkernels::forced_wgmma_bn());
+      },
+      "(WMMA configuration, wgmma tile width) as _set_matmul_tuning last set them");
   m.attr("chunk_size") = ampkernels::kChunkSize;
   m.attr("norm_none") = static_cast<int>(ampkernels::NormKind::kNone);
   m.attr("norm_l2") = static_cast<int>(ampkernels::NormKind::kL2);

@@ -7,6 +7,8 @@
   not put the repository root on ``sys.path``) when the package is not installed.
 - A test that takes a ``device`` argument runs once per entry of ``DEVICES`` (``"cpu"``, plus ``"cuda"`` when a
   CUDA device is present; the ``cuda`` case carries the ``gpu`` mark so that ``-m gpu`` / ``-m "not gpu"`` select it).
+- ``matmul_tuning``: sets switches of ``ampkernels.matmul.tuning`` (forced tile configurations, ``TUNE``) for one
+  test, in Python and in the extension, and puts the old values back after it.
 """
 
 from __future__ import annotations
@@ -73,3 +75,27 @@ def fresh_caches():
     clear()
     yield
     clear()
+
+
+@pytest.fixture
+def matmul_tuning():
+    """Sets switches of ``ampkernels.matmul.tuning`` for one test and hands them to the extension:
+    ``matmul_tuning(WGMMA_BN=192)``. The values from before the test come back, in Python and in the extension,
+    after it (monkeypatch.setattr alone would leave the extension's copy of a native switch behind)."""
+    from ampkernels.matmul import tuning
+
+    names = ("TUNE", "WMMA_TILE", "WGMMA_BN")
+    saved = {name: getattr(tuning, name) for name in names}
+
+    def set_switches(**switches):
+        unknown = set(switches) - set(names)
+        if unknown:
+            raise AttributeError(f"ampkernels.matmul.tuning has no switch {sorted(unknown)}")
+        for name, value in switches.items():
+            setattr(tuning, name, value)
+        tuning.apply()
+
+    yield set_switches
+    for name, value in saved.items():
+        setattr(tuning, name, value)
+    tuning.apply()

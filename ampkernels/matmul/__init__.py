@@ -5,7 +5,9 @@
 * :mod:`ampkernels.matmul.library`: the ``torch.library`` ops ``ampkernels::scaled_mm_`` / ``ampkernels::scaled_mm``,
   their fake implementations and autograd;
 * :mod:`ampkernels.matmul.launch`: the launch on the chosen backend and ``"auto"``'s per-problem timing (which
-  backends exist and the default: :mod:`ampkernels.dispatch`).
+  backends exist and the default: :mod:`ampkernels.dispatch`);
+* :mod:`ampkernels.matmul.tuning`: the tuning switches (timing on or off; tile configurations forced for the probes
+  and tests).
 """
 
 from ampkernels.matmul.api import ScaledLinear, clear_caches, scaled_matmul, select_backend

@@ -354,9 +354,9 @@ def _scaled_matmul_checked(
         out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
     out2 = out.view(M, N)
     if _plain_eager(a2, b, scale_t, bias, out2, found_inf):
-        # NOTE: the custom-op dispatcher costs ~15-30 us of host time per call, as much as a 1024^3 matmul on an
-        # H200; plain eager tensors need none of what it does (tracing, fake tensors), so launch directly and bump
-        # the version counters the op's ADInplaceOrView kernel would have.
+        # NOTE: the custom-op dispatcher costs as much host time per call as a 1024^3 matmul takes on the GPU
+        # (dev/matmul/NOTES.md); plain eager tensors need none of what it does (tracing, fake tensors), so launch
+        # directly and bump the version counters the op's ADInplaceOrView kernel would have.
         launch(name, a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf)
         torch.autograd.graph.increment_version(out)
         if found_inf is not None:
@@ -370,19 +370,20 @@ def _scaled_matmul_checked(
 # Per-signature cache of the checked call
 # --------------------------------------------------------------------------------------------------------------------
 
-# NOTE: the checks, backend choice and scale normalization cost ~45 us of Python per call on a 2-core CPU host
-# (~3x that on the H200's host), more than a 768-wide transformer matmul takes on the GPU. Their outcome
-# depends only on what _call_key collects, so a call whose key was checked once skips straight to the launch;
-# only what depends on the data pointers (overlap of `out` with the inputs) and the global modes (grad, autocast,
-# tracing) is checked per call. The AMPKERNELS_*BACKEND variables are read when a signature is first seen: call
-# clear_caches() after changing them. See dev/matmul/NOTES.md, "Host path per call".
+# NOTE: the checks, backend choice and scale normalization cost more host time per call than a 768-wide transformer
+# matmul takes on the GPU (dev/matmul/NOTES.md, "Host path per call"). Their outcome depends only on what _call_key collects, so a call
+# whose key was checked once skips straight to the launch; only what depends on the data pointers (overlap of `out`
+# with the inputs) and the global modes (grad, autocast, tracing) is checked per call. The AMPKERNELS_*BACKEND
+# variables and the switches of ampkernels.matmul.tuning are read when a signature is first seen: call
+# clear_caches() after changing them.
 _CALLS: dict[tuple, _Call] = {}
 _MAX_CACHED = 4096
 
 
 def clear_caches() -> None:
-    """Forgets the cached call signatures, "auto" choices and Triton launchers (after changing AMPKERNELS_*
-    variables)."""
+    """Forgets the cached call signatures, "auto" choices and Triton launchers, and hands the native kernels'
+    switches to the extension: call it after changing the ``AMPKERNELS_*BACKEND`` variables or a switch of
+    :mod:`ampkernels.matmul.tuning` (or ``TMA_DESCRIPTORS`` / ``DIRECT_LAUNCH`` of the Triton matmul)."""
     _CALLS.clear()
     _FLOAT8_CALLS.clear()
     matmul_dispatch.clear_caches()

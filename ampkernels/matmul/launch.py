@@ -14,14 +14,13 @@ import torch
 from ampkernels import dispatch
 from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
 from ampkernels._runtime import capturing, num_sms, time_in_turns
-from ampkernels.matmul import reference
+from ampkernels.matmul import reference, tuning
 
-# NOTE (H200, benchmarks/bench_scaled_matmul.py, at the steady power-capped clock): on the large shapes Triton and
-# wgmma are within 1-2% of each other, either one ahead; on the 768-wide layers, whose 128x256 Triton tiles leave the
-# last wave mostly idle, the wgmma kernel leads (3072x768x8192: 0.87x cuBLAS against 0.81x; 8192x768x3072:
-# 0.97-0.98x against 0.91-0.92x). Neither wins everywhere, so "auto" times both once per problem signature, like
-# Triton's own tuner does its configs.
-AUTO_MIN_MACS = 2**32  # below (~10 us on an H200), Triton: its launcher costs a few us of host time, the op ~20
+# NOTE: on the large shapes Triton and wgmma measured within a few percent of each other, either one ahead; on the
+# 768-wide layers, whose 128x256 Triton tiles leave the last wave mostly idle, the wgmma kernel leads
+# (benchmarks/bench_scaled_matmul.py; the figures are in dev/matmul/NOTES.md). Neither wins everywhere, so "auto" times
+# both once per problem signature, like Triton's own tuner does its configs.
+AUTO_MIN_MACS = 2**32  # below (microseconds of GPU time), Triton: its launcher costs less host time than a native op
 _AUTO: dict[tuple, str] = {}
 _MAX_CACHED = 4096  # problem signatures remembered; dynamic shapes would otherwise grow the cache without bound
 #: What the latest timed choices measured (read by the benchmark).
@@ -29,7 +28,7 @@ AUTO_LOG: deque[dict] = deque(maxlen=256)
 
 
 def _auto_untimed(M: int, N: int, K: int, device: torch.device) -> str:
-    """The choice without timing (AMPKERNELS_TUNE=0, or inside a CUDA graph capture): wgmma where Triton's 128x256
+    """The choice without timing (``tuning.TUNE`` False, or inside a CUDA graph capture): wgmma where Triton's 128x256
     tiles fill fewer than two waves of the GPU (the three 768-wide shapes of the benchmark), else Triton."""
     tiles = -(-M // 128) * -(-N // 256)
     return "wgmma" if M * N * K >= AUTO_MIN_MACS and tiles < 2 * num_sms(device) else "triton"
@@ -132,7 +131,9 @@ def launch(backend, a, b, scale, scale_mode, alpha, bias, out, accumulate, found
 
 
 def clear_caches() -> None:
-    """Forgets the "auto" choices (16-bit and float8), the backends found per device and the Triton launchers."""
+    """Forgets the "auto" choices (16-bit and float8), the backends found per device and the Triton launchers, and
+    hands the native kernels' switches of :mod:`ampkernels.matmul.tuning` to the extension (:func:`tuning.apply`)."""
+    tuning.apply()
     _AUTO.clear()
     dispatch.clear_caches()
     module = dispatch.triton_module("scaled_matmul")
@@ -153,13 +154,12 @@ def cublas_refuses(K: int, N: int, device: torch.device) -> str | None:
     return None
 
 
-# NOTE (H200): "fast accumulation" keeps the whole K loop in the tensor cores' reduced-precision fp8 accumulator (the
-# fp8 wgmma kernel always; cuBLAS with use_fast_accum=True). Against torch._scaled_mm's default it measured: bf16
-# output 2.6e-3 vs ~1.7e-3 at K = 8192 (the output's rounding dominates), fp16 output 1.3e-3 vs 2.4e-4 at K = 4096,
-# fp32 output (a weight gradient) 2.7e-3 vs 1.05e-4 at K = 16384. It runs 2-10% faster in cuBLAS
-# (dev/matmul/wgmma/NOTES.md), so it is used where it stays within the accuracy rule (at most 2x torch._scaled_mm's
-# error): "auto" offers the wgmma kernel only there, and the cublas backend asks cuBLAS for it only there;
-# backend="wgmma" runs anywhere.
+# NOTE: "fast accumulation" keeps the whole K loop in the tensor cores' reduced-precision fp8 accumulator (the fp8
+# wgmma kernel always; cuBLAS with use_fast_accum=True). Its error stays within the accuracy rule (at most 2x
+# torch._scaled_mm's default) for bf16 outputs up to K = 8192, where the output's rounding dominates, and not for fp16
+# or fp32 outputs (dev/float8/NOTES.md). It runs faster in cuBLAS (dev/matmul/wgmma/NOTES.md), so it is used where it
+# stays within the rule: "auto" offers the wgmma kernel only there, and the cublas backend asks cuBLAS for it only
+# there; backend="wgmma" runs anywhere.
 FAST_ACCUMULATION_MAX_K = 8192
 
 
@@ -174,7 +174,7 @@ def wgmma_float8_takes(a: torch.Tensor) -> bool:
 
 
 def _untimed_float8(candidates: tuple[str, ...]) -> str:
-    """The choice without timing (AMPKERNELS_TUNE=0, small problems, inside a capture): cuBLAS, the measured
+    """The choice without timing (``tuning.TUNE`` False, small problems, inside a capture): cuBLAS, the measured
     baseline, where it takes the problem; else the native kernel; else Triton."""
     return next(name for name in ("cublas", "wgmma", "triton") if name in candidates)
 
@@ -182,8 +182,8 @@ def _untimed_float8(candidates: tuple[str, ...]) -> str:
 def float8_auto_backend(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out):
     """The backend ``"auto"`` runs for this float8 problem (arguments as :func:`launch_float8` takes them): the
     faster of wgmma and cuBLAS where they take it (Triton where neither does), timed on the first call of each
-    signature above ``AUTO_MIN_MACS``; :func:`_untimed_float8` below it, with AMPKERNELS_TUNE=0, and inside a CUDA
-    graph capture."""
+    signature above ``AUTO_MIN_MACS``; :func:`_untimed_float8` below it, with ``tuning.TUNE`` False, and inside a
+    CUDA graph capture."""
     M, K = a.shape
     N = b.shape[1]
     candidates = tuple(
@@ -193,9 +193,9 @@ def float8_auto_backend(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, 
         and (name != "wgmma" or (fast_accumulation_ok(K, out.dtype) and wgmma_float8_takes(a)))
     )
     if len(candidates) > 1 and ("cublas" in candidates or "wgmma" in candidates):
-        # NOTE (H200, 2026-12-02): Triton's fp8 GEMM was the slowest backend on all six training shapes (0.79x /
-        # 0.82x torch._scaled_mm tensorwise / rowwise, cuBLAS 1.15x), and timing it compiles its configs, most of a
-        # Float8Linear model's ~20 s first step. It runs where neither native backend takes the problem.
+        # NOTE: Triton's fp8 GEMM measured the slowest backend on all six training shapes, and timing it compiles
+        # its configs, most of a Float8Linear model's first step (dev/float8/NOTES.md). It runs where neither native
+        # backend takes the problem.
         candidates = tuple(name for name in candidates if name != "triton")
     if len(candidates) == 1:
         return candidates[0]

@@ -5,9 +5,9 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 
 #ifndef AMPK_CUDA_ARCH_LIST  // setup.py defines it in CUDA builds
 #define AMPK_CUDA_ARCH_LIST ""
@@ -26,19 +26,30 @@ struct WgmmaSchedule {
   int64_t grid = 0;
 };
 
+// Configurations forced for the probes in dev/matmul/ and the tests, else the launchers' own choice. Process-wide
+// settings that Python sets (ampkernels.matmul.tuning, through ampkernels._C._set_matmul_tuning) and the launchers
+// read with one relaxed atomic load: no environment lookup nor string compare per launch for a switch that only the
+// probes use. Defined in scaled_matmul_ops.cpp.
+enum class WmmaTile : int { kAuto = 0, k128x128x32w4, k128x128x64w4, k128x128x64w4db, kPortable };
+// The WMMA launcher's configuration (wmma.cu): kAuto chooses by waves.
+WmmaTile forced_wmma_tile();
+// The wgmma kernels' tile width, 16-bit and FP8: 128, 192 or 256; 0 lets scaled_matmul_wgmma_schedule choose.
+int forced_wgmma_bn();
+// Sets both: `wmma_tile` auto, 128x128x32w4, 128x128x64w4, 128x128x64w4db or portable; `wgmma_bn` 0, 128, 192 or
+// 256. Anything else throws (ValueError in Python) and changes nothing.
+void set_matmul_tuning(const std::string& wmma_tile, int64_t wgmma_bn);
+// The name set_matmul_tuning takes for `tile`.
+const char* wmma_tile_name(WmmaTile tile);
+
 // The tile width whose waves cost least: waves x the width x its cost per column (every width takes the same
 // k-steps), 3% and 8% more for 192 and 128, which give the tensor cores less work per shared-memory byte (operand
-// reads of m64n256k16 39 B per 1K multiply-adds, n192 41.7, n128 46.9). AMPKERNELS_WGMMA_BN (read per call; a dev
-// knob) forces a width. NOTE (H200, bf16, dev/matmul/wgmma/NOTES.md): 8192^3 -> 256; 8192 x 768 -> 192 (256 tiles, 1.94
-// waves, where 256 leaves 1.45); 3072 x 768 -> 192 (96 tiles for 132 SMs: 538-572 TFLOP/s against 465 for 72 of
-// 256). Stream-K over the idle SMs and 160-wide tiles (120 of them) were tried there and lost.
+// reads of m64n256k16 39 B per 1K multiply-adds, n192 41.7, n128 46.9). forced_wgmma_bn() forces a width. E.g.
+// 8192^3 -> 256; 8192 x 768 -> 192 (256 tiles, 1.94 waves, where 256 leaves 1.45); 3072 x 768 -> 192 (96 tiles for
+// 132 SMs against 72 of 256). Stream-K over the idle SMs and 160-wide tiles were tried and lost; the measurements
+// are in dev/matmul/wgmma/NOTES.md.
 inline WgmmaSchedule scaled_matmul_wgmma_schedule(int64_t M, int64_t N, int64_t sms) {
   constexpr int64_t kBM = 128;
-  int forced = 0;
-  if (const char* env = std::getenv("AMPKERNELS_WGMMA_BN")) {
-    const int bn = std::atoi(env);
-    if (bn == 128 || bn == 192 || bn == 256) forced = bn;
-  }
+  const int forced = forced_wgmma_bn();
   const int64_t tiles_m = (M + kBM - 1) / kBM;
   WgmmaSchedule best;
   double best_cost = -1;

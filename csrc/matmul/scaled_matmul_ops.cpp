@@ -1,8 +1,11 @@
 // ampkernels::scaled_matmul_wmma_, ampkernels::scaled_matmul_wgmma_ and ampkernels::scaled_matmul_fp8_wgmma_: argument
 // checks and registration of the native scaled matmuls (kernels: wmma.cuh, wgmma.cuh, wgmma_fp8.cuh). The Python op
-// ampkernels.scaled_matmul calls them as its "wmma" and "wgmma" backends (the float8 one for float8 operands).
+// ampkernels.scaled_matmul calls them as its "wmma" and "wgmma" backends (the float8 one for float8 operands). Also
+// the configurations forced for the probes and tests (set_matmul_tuning: scaled_matmul.h).
 #include <torch/library.h>
 
+#include <atomic>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <string>
@@ -276,7 +279,31 @@ void scaled_matmul_fp8_wgmma_(const at::Tensor& a, const at::Tensor& b, const st
 #endif
 }
 
+constexpr const char* kWmmaTileNames[] = {"auto", "128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"};
+std::atomic<int> forced_wmma_tile_value{static_cast<int>(WmmaTile::kAuto)};
+std::atomic<int> forced_wgmma_bn_value{0};
+
 }  // namespace
+
+WmmaTile forced_wmma_tile() { return static_cast<WmmaTile>(forced_wmma_tile_value.load(std::memory_order_relaxed)); }
+
+int forced_wgmma_bn() { return forced_wgmma_bn_value.load(std::memory_order_relaxed); }
+
+const char* wmma_tile_name(WmmaTile tile) { return kWmmaTileNames[static_cast<int>(tile)]; }
+
+void set_matmul_tuning(const std::string& wmma_tile, int64_t wgmma_bn) {
+  int tile = -1;
+  for (int i = 0; i < static_cast<int>(std::size(kWmmaTileNames)); ++i)
+    if (wmma_tile == kWmmaTileNames[i]) tile = i;
+  TORCH_CHECK_VALUE(tile >= 0, "ampkernels: unknown WMMA tile configuration '", wmma_tile,
+                    "': expected auto, 128x128x32w4, 128x128x64w4, 128x128x64w4db or portable");
+  TORCH_CHECK_VALUE(wgmma_bn == 0 || wgmma_bn == 128 || wgmma_bn == 192 || wgmma_bn == 256,
+                    "ampkernels: the wgmma kernels have no tile width ", wgmma_bn, ": expected 128, 192, 256 or 0 (the "
+                    "launcher's own choice)");
+  forced_wmma_tile_value.store(tile, std::memory_order_relaxed);
+  forced_wgmma_bn_value.store(static_cast<int>(wgmma_bn), std::memory_order_relaxed);
+}
+
 }  // namespace ampkernels
 
 TORCH_LIBRARY_FRAGMENT(ampkernels, m) {

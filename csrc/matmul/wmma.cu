@@ -5,9 +5,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "common/checks.h"
 #include "matmul/scaled_matmul.h"
 #include "matmul/wmma.cuh"
@@ -106,17 +103,14 @@ bool try_tuned(Params& p, const DeviceInfo& info, int dev, cudaStream_t stream) 
 template <typename T>
 void dispatch(Params p, bool vec, int dev, cudaStream_t stream) {
   const DeviceInfo info = device_info(dev);
-  // NOTE: AMPKERNELS_WMMA_TILE forces a configuration (dev/matmul/wmma/bench.py, tests): auto (default), 128x128x32w4,
-  // 128x128x64w4, 128x128x64w4db, portable.
-  const char* forced = std::getenv("AMPKERNELS_WMMA_TILE");
-  const std::string tile = forced != nullptr ? forced : "auto";
-  if (info.major >= 8 && vec && tile != "portable") {
-    if (tile == "128x128x32w4" && try_tuned<T, CfgW>(p, info, dev, stream)) return;
-    if (tile == "128x128x64w4" && try_tuned<T, CfgX>(p, info, dev, stream)) return;
-    if (tile == "128x128x64w4db" && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
-    // auto, by waves of two blocks per SM. NOTE (H200, dev/matmul/wmma/NOTES.md "Tile configurations by bench", bf16
-    // TFLOP/s): 2 waves or more 128x128x64w4db (8192^3: 357 vs 302 single-buffered); 1-2 waves 128x128x64w4
-    // (8192x768x3072: 247 vs 225); fewer 128x128x32w4 (768x3072x8192, 144 tiles: 213 vs 160).
+  // The configuration forced for the probes and tests (forced_wmma_tile: scaled_matmul.h), else kAuto.
+  const WmmaTile tile = forced_wmma_tile();
+  if (info.major >= 8 && vec && tile != WmmaTile::kPortable) {
+    if (tile == WmmaTile::k128x128x32w4 && try_tuned<T, CfgW>(p, info, dev, stream)) return;
+    if (tile == WmmaTile::k128x128x64w4 && try_tuned<T, CfgX>(p, info, dev, stream)) return;
+    if (tile == WmmaTile::k128x128x64w4db && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
+    // auto, by waves of two blocks per SM, each configuration where it measured fastest (dev/matmul/wmma/NOTES.md):
+    // 2 waves or more 128x128x64w4db, 1-2 waves 128x128x64w4, fewer 128x128x32w4.
     const int64_t waves = num_tiles<CfgX>(p) / (2 * int64_t(info.sms));
     if (waves >= 2 && try_tuned<T, CfgXD>(p, info, dev, stream)) return;
     if (waves >= 1 && try_tuned<T, CfgX>(p, info, dev, stream)) return;

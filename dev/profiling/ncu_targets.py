@@ -9,8 +9,9 @@ python3 dev/profiling/ncu_targets.py unscale|wmma|wgmma|wgmma_small_k
   ~25% slower per FLOP in the first measurement);
 - wgmma_small_k: the same kernel on 8192 x 3072 x 768 bf16 (x @ W.T), where it reaches 0.47x cuBLAS: ~11 us per
   tile beyond its k-steps.
-Only public entry points are used (the backend names and the C++ tile knobs AMPKERNELS_WMMA_TILE and
-AMPKERNELS_WGMMA_BN). Each target runs its kernel twice (compile/warm-up, then the one to profile).
+Only public entry points are used (the backend names and the native kernels' tile switches
+ampkernels.matmul.tuning.WMMA_TILE and WGMMA_BN). Each target runs its kernel twice (compile/warm-up, then the one to
+profile).
 """
 
 import sys
@@ -33,27 +34,27 @@ def unscale() -> None:
 
 
 def wmma() -> None:
-    import os
-
     from ampkernels import scaled_matmul
+    from ampkernels.matmul import clear_caches, tuning
 
     a = torch.randn(8192, 8192, device="cuda").bfloat16()
     b = torch.randn(8192, 8192, device="cuda").bfloat16()
     for tile in ("128x128x64w4", "128x128x64w4db"):  # fragments single-, then double-buffered
-        os.environ["AMPKERNELS_WMMA_TILE"] = tile
+        tuning.WMMA_TILE = tile
+        clear_caches()  # hands the switch to the extension
         for _ in range(2):
             scaled_matmul(a, b, 1.0, backend="wmma")
 
 
 def wgmma() -> None:
-    import os
-
     from ampkernels import scaled_matmul
+    from ampkernels.matmul import clear_caches, tuning
 
     a = torch.randn(4096, 4096, device="cuda").bfloat16()
     b = torch.randn(4096, 4096, device="cuda").bfloat16()
-    for width in ("256", "128"):
-        os.environ["AMPKERNELS_WGMMA_BN"] = width
+    for width in (256, 128):
+        tuning.WGMMA_BN = width
+        clear_caches()  # hands the switch to the extension
         for _ in range(2):
             scaled_matmul(a, b, 1.0, backend="wgmma")
 

@@ -20,6 +20,7 @@ from ampkernels import dispatch
 from ampkernels._constants import SCALE_NONE
 from ampkernels.matmul import api as sm_api
 from ampkernels.matmul import launch as sm_dispatch
+from ampkernels.matmul import tuning
 from ampkernels.scaled_matmul import ScaledLinear, scaled_matmul
 
 
@@ -64,7 +65,7 @@ def _problem(M: int, N: int, K: int) -> tuple:
 
 def test_auto_times_once_per_signature_and_never_while_capturing(monkeypatch, fresh_caches):
     """'auto' with two candidates: Triton below AUTO_MIN_MACS; above it the timed winner, timed once per signature;
-    inside a CUDA graph capture the untimed rule, remembered nowhere; with AMPKERNELS_TUNE=0 the untimed rule."""
+    inside a CUDA graph capture the untimed rule, remembered nowhere; with tuning.TUNE False the untimed rule."""
     pytest.importorskip("triton")
     assert _triton_module() is not None
     timed = []
@@ -95,7 +96,7 @@ def test_auto_times_once_per_signature_and_never_while_capturing(monkeypatch, fr
     sm_dispatch.auto_backend(*transposed)
     assert len(timed) == 2
 
-    monkeypatch.setenv("AMPKERNELS_TUNE", "0")
+    monkeypatch.setattr(tuning, "TUNE", False)
     assert sm_dispatch.auto_backend(*narrow) == "wgmma"
     assert sm_dispatch.auto_backend(*_problem(8192, 4096, 4096)) == "triton"
     assert len(timed) == 2
@@ -211,10 +212,10 @@ def test_triton_in_a_cuda_graph_capture_does_not_tune(monkeypatch, fresh_caches)
     torch.manual_seed(34)
     M, N, K = 2048, 1024, 1040  # 2^31 multiply-adds: tuned when eager
     a, b = _operand(M, K, torch.float16, "cuda", False), _operand(K, N, torch.float16, "cuda", True)
-    monkeypatch.setenv("AMPKERNELS_TUNE", "0")
+    monkeypatch.setattr(tuning, "TUNE", False)
     scaled_matmul(a, b, 0.5, backend="triton")  # compiles and loads the heuristic config's kernel
     sm_api.clear_caches()
-    monkeypatch.delenv("AMPKERNELS_TUNE")
+    monkeypatch.setattr(tuning, "TUNE", True)
     tuned = dict(triton_sm._TUNED)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

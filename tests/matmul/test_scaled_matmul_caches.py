@@ -109,7 +109,7 @@ def test_host_and_device_descriptors_agree(device, monkeypatch, fresh_caches):
     scale = torch.rand(48, device=device) + 0.5
     results = {}
     for mode in ("device", "host"):
-        monkeypatch.setenv("AMPKERNELS_SCALED_MATMUL_TMA_DESC", mode)
+        monkeypatch.setattr(triton_sm, "TMA_DESCRIPTORS", mode)
         sm_api.clear_caches()
         if mode == "device" and not triton_sm.device_descriptors():
             continue
@@ -119,6 +119,15 @@ def test_host_and_device_descriptors_agree(device, monkeypatch, fresh_caches):
             assert launcher.device_desc == (mode == "device")
     for result in results.values():
         assert _rel_err(result, _ref64(a, b, scale)) < 1e-5
+
+
+def test_descriptor_switch_rejects_other_values(monkeypatch):
+    triton_sm = _triton_module()
+    if triton_sm is None:
+        pytest.skip("triton is not usable")
+    monkeypatch.setattr(triton_sm, "TMA_DESCRIPTORS", "hots")
+    with pytest.raises(ValueError, match=r"scaled_matmul\.TMA_DESCRIPTORS: expected 'device' or 'host', got 'hots'"):
+        triton_sm.device_descriptors()
 
 
 def test_allocator_is_installed_per_thread():
@@ -174,7 +183,7 @@ def test_direct_launch_reuses_the_jit_arguments(monkeypatch, fresh_caches, compi
     alpha_index = {kind: kernel.arg_names.index("alpha") for kind, kernel in (
         ("pointer", triton_sm._scaled_mm_ptr_kernel), ("tma", triton_sm._scaled_mm_tma_kernel)
     )}  # fmt: skip
-    monkeypatch.setenv("AMPKERNELS_TRITON_DIRECT_LAUNCH", "1")
+    monkeypatch.setattr(triton_sm, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(triton_sm, "_CompiledKernel", _FakeCompiled)
     fake = _FakeJit(log, _FakeCompiled(log) if compiled_ok else None)
     monkeypatch.setattr(triton_sm, "_scaled_mm_tma_kernel", fake)
@@ -203,7 +212,7 @@ def test_direct_launch_can_be_disabled(monkeypatch):
     triton_sm = _triton_module()
     if triton_sm is None:
         pytest.skip("triton is not usable")
-    monkeypatch.setenv("AMPKERNELS_TRITON_DIRECT_LAUNCH", "0")
+    monkeypatch.setattr(triton_sm, "DIRECT_LAUNCH", False)
     assert triton_sm._direct_runner(object(), (1,)) is None
 
 

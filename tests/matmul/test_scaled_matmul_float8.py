@@ -21,6 +21,7 @@ from scaled_matmul_helpers import _rel_err
 from ampkernels import dispatch, reference
 from ampkernels.matmul import api as sm_api
 from ampkernels.matmul import launch as sm_dispatch
+from ampkernels.matmul import tuning
 from ampkernels.scaled_matmul import scaled_matmul
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -423,7 +424,7 @@ def _problem(M: int, N: int, K: int) -> tuple:
 
 def test_auto_times_once_per_signature(monkeypatch, fresh_caches):
     """Three candidates: the native two timed once per signature above AUTO_MIN_MACS (Triton only where neither
-    takes the problem); below it, inside a capture and with AMPKERNELS_TUNE=0 the untimed rule (cuBLAS where it takes
+    takes the problem); below it, inside a capture and with tuning.TUNE False the untimed rule (cuBLAS where it takes
     the shape); cuBLAS left out where it refuses."""
     pytest.importorskip("triton")
     assert dispatch.triton_module("scaled_matmul") is not None
@@ -446,7 +447,7 @@ def test_auto_times_once_per_signature(monkeypatch, fresh_caches):
     assert sm_dispatch.float8_auto_backend(*_problem(8192, 8192, 8192)) == "wgmma"
     assert sm_dispatch.float8_auto_backend(*_problem(8192, 8192, 8192)) == "wgmma"
     assert timed == [["cublas", "wgmma"]]
-    monkeypatch.setenv("AMPKERNELS_TUNE", "0")
+    monkeypatch.setattr(tuning, "TUNE", False)
     assert sm_dispatch.float8_auto_backend(*_problem(8192, 4096, 4096)) == "cublas"
     assert len(timed) == 1
 

@@ -50,7 +50,7 @@ def gpu_test(fn):
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-WIDTHS = ["128", "192", "256"]  # AMPKERNELS_WGMMA_BN (csrc/matmul/scaled_matmul.h)
+WIDTHS = [128, 192, 256]  # ampkernels.matmul.tuning.WGMMA_BN (csrc/matmul/scaled_matmul.h)
 SHAPES = [
     (256, 512, 128),  # whole tiles, one k-tile
     (300, 296, 208),  # edge tiles, K tail, N % 8 == 0 (the packed epilogue)
@@ -198,8 +198,8 @@ def _broadcast(scale, mode, M, N):
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @gpu_test
-def test_shapes_widths_tensorwise(shape, width, out_dtype, monkeypatch):
-    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", width)
+def test_shapes_widths_tensorwise(shape, width, out_dtype, matmul_tuning):
+    matmul_tuning(WGMMA_BN=width)
     M, N, K = shape
     a, b, sa, sb = operands(M, N, K)
     run_and_check(a, b, sa, sb, out_dtype=out_dtype, config=f"BN {width}")
@@ -211,8 +211,8 @@ def test_shapes_widths_tensorwise(shape, width, out_dtype, monkeypatch):
 @pytest.mark.parametrize("shape", [(256, 512, 128), (300, 296, 208), (65, 33, 48)], ids=shape_id)
 @pytest.mark.parametrize("width", WIDTHS)
 @gpu_test
-def test_operand_types(dtypes, shape, width, monkeypatch):
-    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", width)
+def test_operand_types(dtypes, shape, width, matmul_tuning):
+    matmul_tuning(WGMMA_BN=width)
     M, N, K = shape
     a, b, sa, sb = operands(M, N, K, *dtypes)
     run_and_check(a, b, sa, sb, config=f"BN {width}")
@@ -221,11 +221,11 @@ def test_operand_types(dtypes, shape, width, monkeypatch):
 @pytest.mark.parametrize("scales", ["none", "tensor", "row_a", "col_b", "row_col"])
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @pytest.mark.parametrize("shape", [(300, 296, 208), (65, 33, 48)], ids=shape_id)
-@pytest.mark.parametrize("width", ["128", "256"])
+@pytest.mark.parametrize("width", [128, 256])
 @gpu_test
-def test_dequantization_scales(scales, out_dtype, shape, width, monkeypatch):
+def test_dequantization_scales(scales, out_dtype, shape, width, matmul_tuning):
     """scale_a / scale_b: None, one element, per row of a, per column of b (both packed and fp32 epilogues)."""
-    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", width)
+    matmul_tuning(WGMMA_BN=width)
     M, N, K = shape
     a, b, sa_t, sb_t = operands(M, N, K)
     _, _, sa_r, sb_r = operands(M, N, K, granularity="row")
@@ -262,9 +262,9 @@ def test_epilogue_options(mode, bias, accumulate, out_dtype, shape):
 @pytest.mark.parametrize("shape", [(300, 296, 208), (65, 33, 48), (2100, 2400, 1024)], ids=shape_id)
 @pytest.mark.parametrize("width", WIDTHS)
 @gpu_test
-def test_amax_out(out_dtype, shape, width, monkeypatch):
+def test_amax_out(out_dtype, shape, width, matmul_tuning):
     """amax_out = max(amax_out, max |out as stored|), exactly, in every epilogue path; never lowered."""
-    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", width)
+    matmul_tuning(WGMMA_BN=width)
     M, N, K = shape
     a, b, sa, sb = operands(M, N, K)
     cfg = f"BN {width} amax"

@@ -53,10 +53,10 @@ IN_DTYPES = [
 ]
 OUT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 LAYOUTS = [(True, True), (True, False), (False, True), (False, False)]  # (a row-major, b row-major)
-# Forced configurations the launchers know: AMPKERNELS_WMMA_TILE (csrc/matmul/wmma.cu) and
-# AMPKERNELS_WGMMA_BN (csrc/matmul/scaled_matmul.h).
-TILES = [("AMPKERNELS_WMMA_TILE", t) for t in ["128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]]
-WGMMA_WIDTHS = [("AMPKERNELS_WGMMA_BN", w) for w in ["128", "192", "256"]]
+# Forced configurations the launchers know (ampkernels.matmul.tuning): WMMA_TILE (csrc/matmul/wmma.cu) and
+# WGMMA_BN (csrc/matmul/scaled_matmul.h).
+TILES = [("WMMA_TILE", t) for t in ["128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]]
+WGMMA_WIDTHS = [("WGMMA_BN", w) for w in [128, 192, 256]]
 
 
 def matrix(rows: int, cols: int, dtype, row_major: bool = True, device="cuda", scale: float = 1.0) -> torch.Tensor:
@@ -148,16 +148,17 @@ def test_shapes_and_layouts(op, shape, dtype, layout):
 @pytest.mark.parametrize(
     "op,tile",
     [("wmma", t) for t in TILES] + [("wgmma", w) for w in WGMMA_WIDTHS],
-    ids=lambda x: x[1] if isinstance(x, tuple) else x,
+    ids=lambda x: str(x[1]) if isinstance(x, tuple) else x,
 )
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "rc", "cr", "cc"])
 @pytest.mark.parametrize("dtype", IN_DTYPES)
 @pytest.mark.gpu
-def test_every_tile_configuration(op, tile, layout, dtype, monkeypatch):
+def test_every_tile_configuration(op, tile, layout, dtype, matmul_tuning):
     if OPS[op] is None or (op == "wgmma" and not WGMMA_RUNS):
         pytest.skip(f"{op} cannot run here")
-    # The launchers read these variables on every call (dev knobs for dev/matmul/wmma/bench.py).
-    monkeypatch.setenv(*tile)
+    # The launchers read the forced configuration on every launch (set for the probes in dev/matmul/).
+    name, value = tile
+    matmul_tuning(**{name: value})
     a = matrix(390, 264, dtype, layout[0])
     b = matrix(264, 520, dtype, layout[1])
     run_and_check(op, a, b, mode=3, bias_dtype=torch.float32, out_dtype=torch.float32, accumulate=True)
@@ -261,9 +262,9 @@ def test_wgmma_runs_its_own_kernel_and_falls_back_only_where_tma_cannot_read():
 
 
 @pytest.mark.skipif(_C is None or not hasattr(_C, "wgmma_schedule"), reason="ampkernels._C is not built")
-def test_wgmma_schedule(monkeypatch):
+def test_wgmma_schedule(matmul_tuning):
     # (tile width, grid) on the H200's 132 SMs; a host function, so it runs on any machine.
-    monkeypatch.delenv("AMPKERNELS_WGMMA_BN", raising=False)
+    matmul_tuning(WGMMA_BN=None)
     schedule = _C.wgmma_schedule
     assert schedule(8192, 8192, 132) == (256, 132)  # 2048 tiles of 256: 15.5 waves
     assert schedule(4096, 4096, 132) == (256, 132)
@@ -271,9 +272,12 @@ def test_wgmma_schedule(monkeypatch):
     assert schedule(3072, 768, 132) == (192, 96)  # 72 tiles of 256, 96 of 192, 144 of 128 (two waves)
     assert schedule(100, 100, 132) == (128, 1)  # one tile whatever the width: the narrowest wastes least
     assert schedule(3072, 768, 64) == (192, 64)  # two waves of 192 beat two of 256 and three of 128
-    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", "256")
+    matmul_tuning(WGMMA_BN=256)
     assert schedule(3072, 768, 132) == (256, 72)
-    monkeypatch.setenv("AMPKERNELS_WGMMA_BN", "160")  # not a width the kernel has: ignored
+    with pytest.raises(ValueError, match="WGMMA_BN"):  # not a width the kernel has: refused, the last one kept
+        matmul_tuning(WGMMA_BN=160)
+    assert schedule(3072, 768, 132) == (256, 72)
+    matmul_tuning(WGMMA_BN=None)
     assert schedule(3072, 768, 132) == (192, 96)
 
 

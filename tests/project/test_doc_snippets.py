@@ -54,7 +54,8 @@ def _params():
 
 
 @pytest.mark.parametrize(("path", "line", "code", "mark"), _params())
-def test_block_runs(path, line, code, mark, tmp_path, monkeypatch):
+def test_block_runs(path, line, code, mark, tmp_path, monkeypatch, matmul_tuning):
+    # matmul_tuning: a block that sets a switch of ampkernels.matmul.tuning (docs/backends.md) leaves it to this block
     where = f"{path.relative_to(ROOT)}:{line}"
     compiled = compile(code, where, "exec")  # a fragment must at least be Python
     if mark == "fragment":

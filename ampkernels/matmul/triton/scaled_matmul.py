@@ -3,13 +3,16 @@
 ``scaled_mm_(...)`` takes 2-D operands already checked by :func:`ampkernels.scaled_matmul` and picks a config:
 measured per (GPU, dtypes, layouts, epilogue, M, N, K) for large problems, a heuristic for small ones and under the
 interpreter. Everything that depends only on a call's metadata is cached per signature (:func:`launcher_for`).
+
+Debug switches, module attributes read when a launcher is made (call ``ampkernels.matmul.clear_caches()`` after
+changing one; tests set them with ``monkeypatch.setattr``): :data:`TMA_DESCRIPTORS` and :data:`DIRECT_LAUNCH`.
+Whether the tuner may time is ``ampkernels.matmul.tuning.TUNE``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ import triton.language as tl
 from ampkernels import dispatch
 from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR  # noqa: F401 (scale_mode)
 from ampkernels._runtime import capturing, num_sms, on_device_of_first_tensor, time_in_turns
+from ampkernels.matmul import tuning
 from ampkernels.matmul.triton.scaled_matmul_kernels import _scaled_mm_ptr_kernel, _scaled_mm_tma_kernel
 
 try:  # triton >= 3.3
@@ -35,6 +39,15 @@ try:
     from triton.runtime import _allocation
 except ImportError:  # pragma: no cover
     _allocation = None
+
+#: Where the TMA kernel's descriptors are built: ``"device"`` (in the kernel, ``tl.make_tensor_descriptor``; where
+#: this Triton has it) or ``"host"`` (``triton.tools.tensor_descriptor.TensorDescriptor`` per call; for comparing the
+#: two). The device-side ones save the host its descriptor encoding per call (dev/matmul/NOTES.md).
+TMA_DESCRIPTORS = "device"
+#: Whether a launcher, after its first launch through ``JITFunction.run``, launches the compiled kernel directly
+#: (skipping the JIT's argument binding, specialization and cache key per call: dev/matmul/NOTES.md).
+#: False: every launch through the JIT, for checking the fast path against Triton's own.
+DIRECT_LAUNCH = True
 
 # --------------------------------------------------------------------------------------------------------------------
 # Configs
@@ -81,17 +94,15 @@ HOPPER_FEW_TILES_CONFIGS = (
     Config(64, 256, 64, 3, 4),
 )
 # Tile counts that leave the last of a few waves partly idle (8192x768: 192 tiles of 128x256 on 132 SMs; 3072x768:
-# 72): the same tiles with that wave shared out by k-iterations are tuned besides. NOTE: H200, bf16, 128x256:
-# 3072x768x8192 0.0753 ms against 0.0871 plain; 8192x768x3072 0.0781 against 0.0765 (dev/matmul/NOTES.md,
-# "Stream-K in the Triton TMA kernel").
+# 72): the same tiles with that wave shared out by k-iterations are tuned besides; they measured faster on some of
+# these shapes and slower on others, so the tuner decides (dev/matmul/NOTES.md, "Stream-K in the Triton TMA kernel").
 HOPPER_STREAM_K_CONFIGS = (
     Config(128, 256, 64, 3, 8, epilogue_split=2, stream_k=True),
     Config(128, 128, 64, 4, 8, stream_k=True),
 )
-# The same idle tail, 128x128 tiles in deeper or flattened pipelines (8192x768: 384 tiles, 2.9 waves). NOTE: H200
-# bf16 8192x768x3072 (dev/n768_probe.py and the tuner, L2 flushed): 128x128 s4 0.066-0.068 ms, s4 flat 0.065-0.066,
-# s5 0.063-0.064, s5 flat 0.060-0.062, s6 flat 0.059-0.061 (128x128x128 s3 flat 0.065, dropped); 128x256 s3 split2
-# 0.077-0.079; cuBLAS 0.055-0.056.
+# The same idle tail, 128x128 tiles in deeper or flattened pipelines (8192x768: 384 tiles, 2.9 waves): on
+# 8192x768x3072 each step deeper and flattening measured faster, all of them faster than 128x256 tiles; 128x128x128
+# s3 flat never won and was dropped (dev/matmul/NOTES.md, the 768-wide shapes).
 HOPPER_IDLE_TAIL_CONFIGS = (
     Config(128, 128, 64, 5, 8),
     Config(128, 128, 64, 4, 8, flatten=True),
@@ -121,7 +132,8 @@ TUNE_MIN_MACS = 2**30
 
 
 def tuning_enabled() -> bool:
-    return os.environ.get("AMPKERNELS_TUNE", "1") != "0" and not dispatch.triton_interpreting()
+    """Whether scaled_matmul may time (``ampkernels.matmul.tuning.TUNE``; never under the interpreter)."""
+    return tuning.timing_enabled() and not dispatch.triton_interpreting()
 
 
 @functools.cache
@@ -142,16 +154,21 @@ def _num_programs(device: torch.device) -> int:
 
 def device_descriptors() -> bool:
     """TMA descriptors built inside the kernel (``tl.make_tensor_descriptor`` + ``triton.set_allocator``, both in
-    triton 3.6), unless ``AMPKERNELS_SCALED_MATMUL_TMA_DESC=host`` asks for host-side ``TensorDescriptor``s."""
+    triton 3.6), unless :data:`TMA_DESCRIPTORS` is ``"host"`` (host-side ``TensorDescriptor``s)."""
+    if TMA_DESCRIPTORS not in ("device", "host"):
+        raise ValueError(
+            "ampkernels.matmul.triton.scaled_matmul.TMA_DESCRIPTORS: expected 'device' or 'host', got "
+            f"{TMA_DESCRIPTORS!r}"
+        )
     available = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
-    if os.environ.get("AMPKERNELS_SCALED_MATMUL_TMA_DESC", "device") == "host" and TensorDescriptor is not None:
+    if TMA_DESCRIPTORS == "host" and TensorDescriptor is not None:
         return False
     return available
 
 
 def direct_launch() -> bool:
-    """Launch cached compiled kernels without ``JITFunction.run`` (``AMPKERNELS_TRITON_DIRECT_LAUNCH=0``: never)."""
-    return _CompiledKernel is not None and os.environ.get("AMPKERNELS_TRITON_DIRECT_LAUNCH", "1") != "0"
+    """Launch cached compiled kernels without ``JITFunction.run`` (:data:`DIRECT_LAUNCH` False: never)."""
+    return _CompiledKernel is not None and bool(DIRECT_LAUNCH)
 
 
 def _uses_tma(device: torch.device) -> bool:
@@ -217,9 +234,9 @@ def _factor_mode(factor: torch.Tensor | None) -> int:
 # NOTE: Hopper's fp8 wgmma adds its products into an accumulator of reduced precision; Triton's default on sm_90
 # keeps that for the whole K loop (max_num_imprecise_acc 2^30, cuBLAS's "fast accumulation"). Adding into the fp32
 # accumulator after every BLOCK_K of K keeps a 16-bit output's error at torch._scaled_mm's, whose rounding dominates.
-# An fp32 output (a weight gradient) shows the rest: at K = 96 the H200 measured 1e-4 relative against 3e-8 for
+# An fp32 output (a weight gradient) shows the rest: promoting every BLOCK_K left it far less accurate than
 # torch._scaled_mm's default, which promotes after every 32 of K; so does this kernel for fp32 outputs (the accuracy
-# rule of tests/matmul/test_scaled_matmul_float8.py).
+# rule of tests/matmul/test_scaled_matmul_float8.py; measured: dev/float8/NOTES.md).
 FP32_OUT_PROMOTION = 32
 
 
@@ -499,9 +516,9 @@ def _tune(p: Problem, plan: Plan, key: tuple) -> Config:
     launchers: dict[Config, _Launcher] = {}
     for cfg in _candidates(plan, p.out, p.a.shape[0], p.b.shape[1], p.accumulate, is_float8(p.a)):
         try:
-            # Timed as calls will run: the compiled kernel launched directly. Through JITFunction.run each launch
-            # cost ~100 us of host time, which the L2 flush between runs (~70 us) did not always hide: stream-K on
-            # 3072x768x8192 measured 0.113 ms in one tuning and 0.074 ms on its own (dev/n768_probe.py).
+            # Timed as calls will run: the compiled kernel launched directly. Through JITFunction.run the host time
+            # of a launch, which the L2 flush between runs did not always hide, skewed the timings
+            # (dev/matmul/NOTES.md).
             launcher = _Launcher(trial, plan, cfg, direct=True)
             launcher(*args)  # compiles (and raises here when the config does not fit this GPU)
             launchers[cfg] = launcher
@@ -549,15 +566,15 @@ def choose_config(p: Problem, plan: Plan) -> Config:
     return cfg
 
 
-# NOTE: host time per call is what the small transformer shapes lose to cuBLAS (203 us for the public function
-# against torch.mm's 19 us at 256^3 on the H200 host, kernels 60-80 us). Everything that depends only on the key
-# below is computed once per key: plan, config (tuning), grid, constant arguments and, after the first launch,
+# NOTE: host time per call is what the small transformer shapes lose to cuBLAS. Everything that depends only on the
+# key below is computed once per key: plan, config (tuning), grid, constant arguments and, after the first launch,
 # the compiled kernel's own launcher. See dev/matmul/NOTES.md, "Host time per call", for the measurements.
 _LAUNCHERS: dict[tuple, _Launcher] = {}
 
 
 def clear_caches() -> None:
-    """Forgets cached launchers (e.g. after changing the AMPKERNELS_* environment variables read at creation)."""
+    """Forgets cached launchers (after changing :data:`TMA_DESCRIPTORS`, :data:`DIRECT_LAUNCH` or the tuning
+    switches of ``ampkernels.matmul.tuning``, read at creation)."""
     _LAUNCHERS.clear()
 
 

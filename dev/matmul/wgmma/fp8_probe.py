@@ -1,7 +1,7 @@
 """Probe of the FP8 wgmma scaled matmul (csrc/matmul/wgmma_fp8.cuh) on the GPU: correctness first (every tile width
 and operand-type pair, tensorwise and rowwise scales, shapes with edges, against float64 and torch._scaled_mm's error
 on the same operands), then TFLOP/s against torch._scaled_mm in the same process on the FP8 stack's six shapes, per tile
-width (AMPKERNELS_WGMMA_BN) and the launcher's own choice.
+width (ampkernels.matmul.tuning.WGMMA_BN) and the launcher's own choice.
 
 Run on the device after the build: ``PYTHONPATH=$PWD timeout 300 python3 dev/matmul/wgmma/fp8_probe.py [--quick]``.
 Stops at the first wrong result (printing where), so a broken kernel costs seconds, not a test suite.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import sys
 
 import ampkernels._C  # noqa: F401  (registers torch.ops.ampkernels.*)
@@ -19,6 +18,7 @@ import torch
 import triton.testing
 
 from ampkernels import reference
+from ampkernels.matmul import tuning
 
 OP = torch.ops.ampkernels.scaled_matmul_fp8_wgmma_
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -47,8 +47,14 @@ def scaled_mm(a, b, sa, sb, out_dtype, fast_accum):
     return torch._scaled_mm(a, b, sa_, sb_, out_dtype=out_dtype, use_fast_accum=fast_accum)
 
 
+def force_width(width: int | None) -> None:
+    """The wgmma kernels' tile width for the launches that follow (None: the launcher's choice)."""
+    tuning.WGMMA_BN = width
+    tuning.apply()  # the op is called directly: hand the switch to the extension
+
+
 def check(M, N, K, width, dtypes=(E4M3, E4M3), granularity="tensor", out_dtype=torch.bfloat16):
-    os.environ["AMPKERNELS_WGMMA_BN"] = str(width)
+    force_width(width)
     a, b, sa, sb = operands(M, N, K, *dtypes, granularity)
     ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
     # torch's error: its fp32 product (tensor-core accumulation, as ours) on the operands zero-padded to its multiples
@@ -95,7 +101,7 @@ def main(quick: bool) -> None:
         check(65, 33, 48, width, out_dtype=torch.float32)  # N % 8 != 0: the fp32 epilogue
     check(2100, 2400, 1024, 256)  # several tiles per block, ring wrap
     check(2048, 2048, 8192, 256, granularity="row")  # deep K against torch's rowwise
-    os.environ.pop("AMPKERNELS_WGMMA_BN", None)
+    force_width(None)
 
     shapes = SHAPES[:2] + SHAPES[-2:] if quick else SHAPES
     for granularity in ("tensor", "row"):
@@ -107,13 +113,10 @@ def main(quick: bool) -> None:
             default = functools.partial(scaled_mm, a, b, sa, sb, torch.bfloat16, False)
             line = [f"_scaled_mm fast-accum {tflops(fast, flop):.0f}", f"default {tflops(default, flop):.0f}"]
             ours = functools.partial(OP, a, b, sa, sb, None, 0, 1.0, None, out, False, None, None)
-            for width in ("auto", "256", "192", "128"):
-                if width == "auto":
-                    os.environ.pop("AMPKERNELS_WGMMA_BN", None)
-                else:
-                    os.environ["AMPKERNELS_WGMMA_BN"] = width
-                line.append(f"{width} {tflops(ours, flop):.0f}")
-            os.environ.pop("AMPKERNELS_WGMMA_BN", None)
+            for width in (None, 256, 192, 128):
+                force_width(width)
+                line.append(f"{width or 'auto'} {tflops(ours, flop):.0f}")
+            force_width(None)
             amax = torch.zeros(1, device="cuda")
             with_amax = functools.partial(OP, a, b, sa, sb, None, 0, 1.0, None, out, False, None, amax)
             line.append(f"auto+amax {tflops(with_amax, flop):.0f}")

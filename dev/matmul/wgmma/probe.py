@@ -1,6 +1,6 @@
 """Probe of the wgmma scaled matmul (csrc/matmul/wgmma.cuh) on the GPU: correctness first (every layout
 and tile width against a float64 reference, on shapes with edges), then TFLOP/s against torch.mm in the same
-process for the benchmark's layouts, per tile width (AMPKERNELS_WGMMA_BN) and the launcher's own choice.
+process for the benchmark's layouts, per tile width (ampkernels.matmul.tuning.WGMMA_BN) and the launcher's own choice.
 
 Run on the device after the build: ``PYTHONPATH=$PWD timeout 120 python3 dev/matmul/wgmma/probe.py [--quick]``.
 Stops at the first wrong result (printing it), so a broken kernel costs seconds, not a test suite.
@@ -9,12 +9,13 @@ Stops at the first wrong result (printing it), so a broken kernel costs seconds,
 from __future__ import annotations
 
 import functools
-import os
 import sys
 
 import ampkernels._C  # noqa: F401  (registers torch.ops.ampkernels.*)
 import torch
 import triton.testing
+
+from ampkernels.matmul import tuning
 
 OP = torch.ops.ampkernels.scaled_matmul_wgmma_
 
@@ -25,8 +26,14 @@ def operand(rows, cols, dtype, row_major):
     return torch.randn(cols, rows, device="cuda").to(dtype).t()
 
 
+def force_width(width: int | None) -> None:
+    """The wgmma kernels' tile width for the launches that follow (None: the launcher's choice)."""
+    tuning.WGMMA_BN = width
+    tuning.apply()  # the op is called directly: hand the switch to the extension
+
+
 def check(M, N, K, dtype, ra, rb, width):
-    os.environ["AMPKERNELS_WGMMA_BN"] = str(width)
+    force_width(width)
     a, b = operand(M, K, dtype, ra), operand(K, N, dtype, rb)
     ref = a.double() @ b.double()
     low = ((a @ b).double() - ref).norm().item() / ref.norm().item()
@@ -55,7 +62,7 @@ def main(quick: bool) -> None:
                 check(256, 2 * width, 128, torch.bfloat16, ra, rb, width)  # whole tiles
                 check(300, width + 40, 200, torch.float16, ra, rb, width)  # edges, K tail
     check(2100, 2400, 330, torch.bfloat16, True, True, 256)  # several tiles per block, ring wrap
-    os.environ.pop("AMPKERNELS_WGMMA_BN", None)
+    force_width(None)
 
     shapes = [
         (8192, 8192, 8192, True, True),  # nn
@@ -79,13 +86,11 @@ def main(quick: bool) -> None:
         # 250 ms warm-up: timed at the steady power-capped clock (see benchmarks/bench_scaled_matmul.py, WARMUP_MS)
         ms = triton.testing.do_bench(mm, warmup=250, rep=150)
         line.append(f"cuBLAS {flop / ms / 1e9:.0f}")
-        for width in ("auto", "256", "192", "128"):
-            if width == "auto":
-                os.environ.pop("AMPKERNELS_WGMMA_BN", None)
-            else:
-                os.environ["AMPKERNELS_WGMMA_BN"] = width
+        for width in (None, 256, 192, 128):
+            force_width(width)
             ms = triton.testing.do_bench(ours, warmup=250, rep=150)
-            line.append(f"{width} {flop / ms / 1e9:.0f}")
+            line.append(f"{width or 'auto'} {flop / ms / 1e9:.0f}")
+        force_width(None)
         ms = triton.testing.do_bench(mm, warmup=250, rep=150)
         line.append(f"cuBLAS again {flop / ms / 1e9:.0f}")
         print(f"bf16 {M}x{N}x{K} a{'r' if ra else 'c'} b{'r' if rb else 'c'} TFLOP/s: " + ", ".join(line), flush=True)

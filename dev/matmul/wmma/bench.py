@@ -1,6 +1,6 @@
 """Times ampkernels::scaled_matmul_wmma_ against torch.mm (cuBLAS) in the same process, for every tile configuration
-the launcher knows (AMPKERNELS_WMMA_TILE), and prints TFLOP/s and % of cuBLAS. Run from the repository root after
-building the extension: ``python3 dev/matmul/wmma/bench.py [--quick]``.
+the launcher knows (ampkernels.matmul.tuning.WMMA_TILE), and prints TFLOP/s and % of cuBLAS. Run from the repository
+root after building the extension: ``python3 dev/matmul/wmma/bench.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 import ampkernels._C  # noqa: E402,F401  (registers torch.ops.ampkernels.*)
+
+from ampkernels.matmul import tuning  # noqa: E402
 
 OP = torch.ops.ampkernels.scaled_matmul_wmma_
 TILES = ["auto", "128x128x32w4", "128x128x64w4", "128x128x64w4db", "portable"]
@@ -72,13 +74,15 @@ def main():
             for tile in TILES:
                 if tile == "portable" and M * N * K > 4096**3:
                     continue  # the scalar-load path is slow; one size is enough to place it
-                os.environ["AMPKERNELS_WMMA_TILE"] = tile
+                tuning.WMMA_TILE = tile
+                tuning.apply()  # the op is called directly: hand the switch to the extension
                 fn = lambda a=a, b=b, s=scale, o=out: OP(a, b, s, 1, 1.0, None, o, False, None)  # noqa: E731
                 t = timed(fn, reps)
                 err = ((out.float() - ref).norm() / ref.norm()).item()
                 line.append(f"{tile} {flops / t / 1e9:6.0f} ({100 * t_ref / t:3.0f}%, err {err:.1e})")
                 rows.append((str(dtype), M, N, K, layout, tile, flops / t / 1e9, flops / t_ref / 1e9))
-            os.environ.pop("AMPKERNELS_WMMA_TILE", None)
+            tuning.WMMA_TILE = "auto"
+            tuning.apply()
             print(" | ".join(line), flush=True)
     print("\nTFLOP/s: dtype M N K layout tile wmma cuBLAS")
     for r in rows:
