@@ -371,11 +371,11 @@ def _scaled_matmul_checked(
 # --------------------------------------------------------------------------------------------------------------------
 
 # NOTE: the checks, backend choice and scale normalization cost more host time per call than a 768-wide transformer
-# matmul takes on the GPU (dev/matmul/NOTES.md, "Host path per call"). Their outcome depends only on what _call_key collects, so a call
-# whose key was checked once skips straight to the launch; only what depends on the data pointers (overlap of `out`
-# with the inputs) and the global modes (grad, autocast, tracing) is checked per call. The AMPKERNELS_*BACKEND
-# variables and the switches of ampkernels.matmul.tuning are read when a signature is first seen: call
-# clear_caches() after changing them.
+# matmul takes on the GPU (dev/matmul/NOTES.md, "Host path per call"). Their outcome depends only on what _call_key
+# collects, so a call whose key was checked once skips straight to the launch; only what depends on the data
+# pointers (overlap of `out` with the inputs) and the global modes (grad, autocast, tracing) is checked per call. The
+# AMPKERNELS_*BACKEND variables and the switches of ampkernels.matmul.tuning are read when a signature is first
+# seen: call clear_caches() after changing them.
 _CALLS: dict[tuple, _Call] = {}
 _MAX_CACHED = 4096
 
