@@ -27,16 +27,21 @@ REDUCTIONS = ("mean", "sum", "none")
 # Float32 bytes of logits (and of their gradient, formed in place) per chunk, at least. NOTE: 256 MiB keeps a
 # chunk's GEMM large (2048 tokens x a 32k vocab) while the chunk stays a small share of an 80 GB GPU.
 CHUNK_BYTES = 256 * 2**20
+# At most this share of the logits per chunk (a smaller head than CHUNK_BYTES' size): a chunk's float32 logits and
+# their 16-bit copy for the gradient GEMMs stay well under one whole copy of the logits in any dtype.
+MIN_CHUNKS = 8
 
 
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
-    """Tokens per chunk, a multiple of 64: as many as fit ``CHUNK_BYTES`` of float32 logits, and at least 2 x hidden.
+    """Tokens per chunk, a multiple of 64: as many as fit ``CHUNK_BYTES`` of float32 logits (and an eighth of them at
+    most), and at least 2 x hidden.
 
     Each chunk adds its product into the float32 weight gradient, reading and writing all V x H of it; with chunks
     of at least 2H tokens that traffic stays below the chunk's own logits traffic (a 128k vocab at hidden 4096 has
     512-token chunks by the byte budget alone, 32 passes over a 2 GB gradient for 16k tokens).
     """
-    by_bytes = CHUNK_BYTES // (4 * max(vocab, 1)) // 64 * 64
+    budget = min(CHUNK_BYTES, 4 * tokens * vocab // MIN_CHUNKS)
+    by_bytes = budget // (4 * max(vocab, 1)) // 64 * 64
     fit = max(by_bytes, -(-2 * hidden // 64) * 64, 64)
     return min(tokens, fit) if tokens else 0
 
@@ -77,15 +82,21 @@ def _chunked(
         logits = torch.nn.functional.linear(h, weight, bias).float()
         valid = t != ignore_index
         picked = logits.gather(1, torch.where(valid, t, 0)[:, None])[:, 0]
-        lse = torch.logsumexp(logits, dim=1)
+        mean = logits.mean(1) if label_smoothing else None
+        # log-sum-exp with the exponentials formed in place (torch.logsumexp would hold a second chunk of them);
+        # they become the softmax, the gradient's main term, without another pass over the logits.
+        row_max = logits.amax(1)
+        exp = logits.sub_(row_max[:, None]).exp_()
+        sum_exp = exp.sum(1)
+        lse = sum_exp.log() + row_max
         loss = (1 - label_smoothing) * (lse - picked) + z_loss * lse * lse
         if label_smoothing:
-            loss = loss + label_smoothing * (lse - logits.mean(1))
+            loss = loss + label_smoothing * (lse - mean)
         losses[start : start + step] = torch.where(valid, loss, 0.0)
         if not grads:
             continue
         # d loss / d logits = softmax * (1 + 2 z_loss lse) - (1 - s) onehot(t) - s / V, per token weight
-        grad_logits = logits.sub_(lse[:, None]).exp_()
+        grad_logits = exp.div_(sum_exp[:, None])
         if z_loss:
             grad_logits.mul_((1 + 2 * z_loss * lse)[:, None])
         if label_smoothing:
