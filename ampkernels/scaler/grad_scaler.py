@@ -26,7 +26,8 @@ import torch
 from torch.amp.grad_scaler import GradScaler, OptState, _refresh_per_optimizer_state
 
 from ampkernels import dispatch
-from ampkernels.scaler import functional, reference
+from ampkernels.scaler import distributed, functional, reference
+from ampkernels.scaler import state as scale_state
 
 # Key of the per-optimizer state entry that holds a deferred divisor: after clip_grad_norm_ with a fused optimizer
 # the gradients are still scaled, and the true gradients are ``grad / pending``; step() hands ``pending`` to the
@@ -70,7 +71,7 @@ class _TorchGradTable:
             g = p.grad
             if g is None:
                 continue
-            if _is_dtensor(g):  # FSDP2: this rank's shard of the gradient
+            if distributed.is_dtensor(g):  # FSDP2: this rank's shard of the gradient
                 g = g.to_local()
             _check_grad_dtype(i, g)
             if g.layout != torch.strided:
@@ -112,90 +113,11 @@ class _TorchGradTable:
         return res.norm, each, res.clip_coef
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
-    # DTensor (FSDP2's sharded parameters and gradients) is a wrapper without storage; the kernels run on its
-    # local shard. Checked by name so that torch builds without torch.distributed import fine.
-    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
-
-
-def _sharded_across_ranks(p: torch.Tensor) -> bool:
-    """A DTensor split over more than one rank (FSDP2; HSDP's replicated mesh dimension does not count)."""
-    if not _is_dtensor(p):
-        return False
-    mesh = p.device_mesh
-    return any(placement.is_shard() and mesh.size(dim) > 1 for dim, placement in enumerate(p.placements))
-
-
-def _check_process_group(group: Any) -> None:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(
-            "FusedGradScaler: process_group was given but torch.distributed is not initialized; "
-            "call torch.distributed.init_process_group() first"
-        )
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(
-            f"FusedGradScaler: process_group must be a torch.distributed.ProcessGroup, got {type(group).__name__}"
-        )
-
-
 @functools.lru_cache(maxsize=64)
 def _takes_grad_scaler(step: Callable) -> bool:
     """Whether an optimizer's step takes the deprecated ``grad_scaler`` argument. Cached per step function:
     inspect.signature costs ~30 us, a tenth of the whole host budget of a 10k-tensor step."""
     return "grad_scaler" in inspect.signature(step).parameters
-
-
-def _float32(value: float) -> float:
-    """``value`` as the float32 scale holds it: inf beyond float32's range, 0.0 below its smallest subnormal."""
-    try:
-        v = float(value)
-    except OverflowError:  # an int beyond even float64
-        v = math.inf if value > 0 else -math.inf
-    return float(torch.tensor(v, dtype=torch.float64).float())
-
-
-# The largest count an int32 tracker holds (the growth and hysteresis trackers are int32 tensors, as stock's).
-_MAX_COUNT = 2**31 - 1
-
-
-def _init_scale_value(value: Any) -> float:
-    """``init_scale`` as a number: a real number, or a 1-element real tensor without grad (stock takes a 0-d tensor)."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.requires_grad or value.dtype == torch.bool or value.is_complex():
-            raise ValueError(
-                "FusedGradScaler: init_scale must be a finite number > 0 or a 1-element real tensor without grad, "
-                f"got {value!r}"
-            )
-        value = value.item()
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and _valid_scale(value)):
-        raise ValueError(f"FusedGradScaler: init_scale must be a finite number > 0, got {value!r}")
-    return value
-
-
-def _valid_scale(value: float) -> bool:
-    """Whether ``value``, stored in the float32 scale, is finite and > 0 (1e-50 is > 0 but stored as 0.0)."""
-    v = _float32(value)
-    return math.isfinite(v) and v > 0
-
-
-def _scale_bounds(min_scale: float | None, max_scale: float | None) -> tuple[float, float]:
-    """The bounds the scale update clamps to (min_scale defaults to 2**-126), as the float32 values it uses."""
-    lo = reference.FLOAT32_TINY if min_scale is None else min_scale
-    return _float32(lo), (math.inf if max_scale is None else _float32(max_scale))
-
-
-def _bounds_problem(value: float, min_scale: float | None, max_scale: float | None) -> str | None:
-    """Why a (valid) scale ``value`` may not be set: outside the bounds, the next update would move it the wrong
-    way (an overflow would raise it to min_scale, a clean step cut it to max_scale). None when it lies within."""
-    lo, hi = _scale_bounds(min_scale, max_scale)
-    v = _float32(value)
-    if v < lo:
-        return f"is below min_scale ({reference.FLOAT32_TINY if min_scale is None else min_scale})"
-    if v > hi:
-        return f"is above max_scale ({max_scale})"
-    return None
 
 
 def _params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -262,11 +184,12 @@ class FusedGradScaler(GradScaler):
         backend: str | None = None,
         process_group: Any = None,
     ) -> None:
-        init_scale = _init_scale_value(init_scale)
+        init_scale = scale_state.init_scale_value(init_scale)
         # Any int, as stock: an interval beyond the int32 growth tracker's reach means the scale never grows.
         if not (isinstance(growth_interval, int) and growth_interval >= 1):
             raise ValueError(f"FusedGradScaler: growth_interval must be an int >= 1, got {growth_interval!r}")
-        if not (isinstance(hysteresis, int) and not isinstance(hysteresis, bool) and 1 <= hysteresis <= _MAX_COUNT):
+        valid_hysteresis = isinstance(hysteresis, int) and not isinstance(hysteresis, bool)
+        if not (valid_hysteresis and 1 <= hysteresis <= scale_state.MAX_COUNT):
             raise ValueError(
                 f"FusedGradScaler: hysteresis must be an int >= 1 and < 2**31 (its tracker is an int32 tensor), "
                 f"got {hysteresis!r}"
@@ -279,14 +202,14 @@ class FusedGradScaler(GradScaler):
             raise ValueError(f"FusedGradScaler: min_scale ({min_scale}) is above max_scale ({max_scale})")
         # The bounds (given, or the default floor 2**-126) hold from the first step: a scale outside them would be
         # moved the wrong way by the next update.
-        problem = _bounds_problem(init_scale, min_scale, max_scale)
+        problem = scale_state.bounds_problem(init_scale, min_scale, max_scale)
         if problem is not None:
             raise ValueError(f"FusedGradScaler: init_scale ({init_scale}) {problem}")
         if not (isinstance(history_size, int) and not isinstance(history_size, bool) and history_size >= 1):
             raise ValueError(f"FusedGradScaler: history_size must be an int >= 1, got {history_size!r}")
         dispatch.check_backend("unscale_reduce_", backend)
         if process_group is not None:
-            _check_process_group(process_group)
+            distributed.check_process_group(process_group)
         if device == "cuda" and enabled and torch.cuda.amp.common.amp_definitely_not_available():
             # Said here, under our name: the base class would warn about torch.cuda.amp.GradScaler.
             warnings.warn(
@@ -339,7 +262,7 @@ class FusedGradScaler(GradScaler):
         if cached is not None and dispatch.same_params(groups, cached[0]):
             return cached[1]
         flat = tuple(p for params in groups for p in params)
-        if self._process_group is None and any(_sharded_across_ranks(p) for p in flat):
+        if self._process_group is None and any(distributed.sharded_across_ranks(p) for p in flat):
             # Each rank would then skip or take the step on its own shard's flag and clip with its shard's norm:
             # the shards of one model silently part ways.
             raise ValueError(
@@ -357,7 +280,7 @@ class FusedGradScaler(GradScaler):
         tables = []
         for device, params in by_device.items():
             name = dispatch.select("unscale_reduce_", device, self._backend)
-            if name == "native" and not any(_is_dtensor(p) for p in params):
+            if name == "native" and not any(distributed.is_dtensor(p) for p in params):
                 table = dispatch.native().GradTable(params, str(device))
             else:
                 table = _TorchGradTable(params, device, name)
@@ -423,37 +346,11 @@ class FusedGradScaler(GradScaler):
             torch._amp_foreach_non_finite_check_and_unscale_([p.grad._values()], found, inv.reshape(()))
 
     def _group_size(self) -> int:
-        return 1 if self._process_group is None else torch.distributed.get_world_size(self._process_group)
+        return distributed.group_size(self._process_group)
 
     def _all_reduce(self, found_per_device: dict, norms: list | None = None, norm_type: float = 2.0):
-        """Make ``found_per_device`` (in place) and the gradient norm global over the process group.
-
-        One all-reduce of ``[non-finite flag, norm statistic]`` in float64: summed for the 2-norm (the statistic is
-        the local sum of squares), max for the inf-norm (the statistic is the local max). Every rank must call it
-        the same number of times, also a rank whose optimizer holds no gradient. Returns the global norm, a 0-d
-        float32 tensor, when ``norms`` (this rank's per-device norms) is given.
-        """
-        import torch.distributed as dist
-
-        dev = self._scale.device
-        local = [f.to(dev, torch.float64, non_blocking=True) for f in found_per_device.values()]
-        flag = torch.stack(local).sum() if local else torch.zeros((), dtype=torch.float64, device=dev)
-        if not norms:
-            stat = torch.zeros((), dtype=torch.float64, device=dev)
-        else:
-            each = torch.stack([n.to(dev, torch.float64, non_blocking=True) for n in norms])
-            stat = each.square().sum() if norm_type == 2.0 else each.max()
-        buf = torch.stack([flag, stat])
-        op = dist.ReduceOp.SUM if norm_type == 2.0 else dist.ReduceOp.MAX
-        dist.all_reduce(buf, op=op, group=self._process_group)
-        global_flag = buf[0].float()
-        for found in found_per_device.values():
-            found.copy_(global_flag, non_blocking=True)
-        if not found_per_device:
-            found_per_device[dev] = global_flag  # the skip decision of the other ranks, recorded for update()
-        if norms is None:
-            return None
-        return (buf[1].sqrt() if norm_type == 2.0 else buf[1]).float()
+        """:func:`ampkernels.scaler.distributed.all_reduce` over this scaler's process group."""
+        return distributed.all_reduce(found_per_device, self._scale.device, self._process_group, norms, norm_type)
 
     # ---- GradScaler API ----
 
@@ -706,7 +603,7 @@ class FusedGradScaler(GradScaler):
             self._backoff_factor,
             # NOTE: the int32 tracker reaches at most 2**31 - 1, so a longer interval never ends, as in stock (whose
             # tracker would overflow after 2**31 - 1 clean steps); the kernels take intervals of int32.
-            min(self._growth_interval, _MAX_COUNT),
+            min(self._growth_interval, scale_state.MAX_COUNT),
             hysteresis=self._hysteresis,
             hysteresis_tracker=self._hysteresis_tracker,
             min_scale=reference.FLOAT32_TINY if self._min_scale is None else self._min_scale,
@@ -718,9 +615,9 @@ class FusedGradScaler(GradScaler):
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
     def _check_host_scale(self, value: float) -> float:
-        if not _valid_scale(value):
+        if not scale_state.valid_scale(value):
             raise ValueError(f"FusedGradScaler.update: new_scale must be finite and > 0, got {value}")
-        problem = _bounds_problem(value, self._min_scale, self._max_scale)
+        problem = scale_state.bounds_problem(value, self._min_scale, self._max_scale)
         if problem is not None:
             raise ValueError(f"FusedGradScaler.update: new_scale ({value}) {problem}")
         return float(value)
@@ -743,7 +640,7 @@ class FusedGradScaler(GradScaler):
         if new_scale.device.type == "cpu":
             scale.fill_(self._check_host_scale(float(new_scale)))
         else:
-            lo, hi = _scale_bounds(self._min_scale, self._max_scale)
+            lo, hi = scale_state.scale_bounds(self._min_scale, self._max_scale)
             new = new_scale.reshape(()).to(torch.float32)
             valid = torch.isfinite(new) & (new > 0) & (new >= lo) & (new <= hi)
             scale.copy_(torch.where(valid, new, scale))
@@ -787,14 +684,6 @@ class FusedGradScaler(GradScaler):
             state["max_scale"] = self._max_scale
         return state
 
-    _STATE_TYPES = {
-        "scale": (int, float),
-        "growth_factor": (int, float),
-        "backoff_factor": (int, float),
-        "growth_interval": (int,),
-        "_growth_tracker": (int,),
-    }
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As stock, with every entry checked before any is loaded: a missing, wrong-typed or out-of-range entry
         raises naming the key and leaves the scaler as it was."""
@@ -806,45 +695,7 @@ class FusedGradScaler(GradScaler):
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
             )
-        values = {}  # the entries as numbers (a 1-element tensor is taken as its value)
-        for key, types in self._STATE_TYPES.items():
-            if key not in state_dict:
-                raise KeyError(f"FusedGradScaler.load_state_dict: missing key '{key}'")
-            value = state_dict[key]
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                value = value.item()
-            if isinstance(value, bool) or not isinstance(value, types):
-                raise TypeError(
-                    f"FusedGradScaler.load_state_dict: key '{key}' must be {' or '.join(t.__name__ for t in types)}, "
-                    f"got {type(state_dict[key]).__name__}"
-                )
-            values[key] = value
-        self._check_extras(state_dict)
-        scale = float(values["scale"])
-        if not _valid_scale(scale):
-            raise ValueError(f"FusedGradScaler.load_state_dict: key 'scale' must be finite and > 0, got {scale}")
-        # Within the bounds the scaler has after loading: the checkpoint's, when it carries them.
-        if "hysteresis" in state_dict:
-            bounds = state_dict.get("min_scale"), state_dict.get("max_scale")
-        else:
-            bounds = self._min_scale, self._max_scale
-        problem = _bounds_problem(scale, *bounds)
-        if problem is not None:
-            raise ValueError(f"FusedGradScaler.load_state_dict: key 'scale' ({scale}) {problem}")
-        interval, tracker = values["growth_interval"], values["_growth_tracker"]
-        if interval < 1:
-            raise ValueError(f"FusedGradScaler.load_state_dict: key 'growth_interval' must be >= 1, got {interval}")
-        # A tracker at or past the interval would never meet it again: the scale would never grow.
-        if not 0 <= tracker < min(interval, _MAX_COUNT):
-            raise ValueError(
-                f"FusedGradScaler.load_state_dict: key '_growth_tracker' must be >= 0 and < growth_interval "
-                f"({interval}; and < 2**31 - 1: it is an int32 count), got {tracker}"
-            )
-        for key in ("growth_factor", "backoff_factor"):
-            if not (math.isfinite(float(values[key])) and float(values[key]) > 0):
-                raise ValueError(
-                    f"FusedGradScaler.load_state_dict: key '{key}' must be finite and > 0, got {values[key]}"
-                )
+        values = scale_state.checked_values(state_dict, self._min_scale, self._max_scale)
         # Everything checked: nothing below raises.
         super().load_state_dict({**state_dict, **values})
         if "hysteresis" in state_dict:
@@ -854,38 +705,6 @@ class FusedGradScaler(GradScaler):
                 self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
             self._min_scale = state_dict.get("min_scale")
             self._max_scale = state_dict.get("max_scale")
-
-    @staticmethod
-    def _check_extras(state_dict: dict[str, Any]) -> None:
-        if "hysteresis" not in state_dict:
-            return
-        hysteresis = state_dict["hysteresis"]
-        if isinstance(hysteresis, bool) or not isinstance(hysteresis, int) or not 1 <= hysteresis <= _MAX_COUNT:
-            raise ValueError(
-                "FusedGradScaler.load_state_dict: key 'hysteresis' must be an int >= 1 and < 2**31 (its tracker is "
-                f"an int32 tensor), got {hysteresis!r}"
-            )
-        # The tracker counts the overflows still absorbed: hysteresis after a growth, one less per overflow; above
-        # hysteresis it would absorb more overflows in a row than the scaler is configured for.
-        tracker = state_dict.get("_hysteresis_tracker", hysteresis)
-        if isinstance(tracker, bool) or not isinstance(tracker, int) or not 0 <= tracker <= hysteresis:
-            raise ValueError(
-                "FusedGradScaler.load_state_dict: key '_hysteresis_tracker' must be an int >= 0 and <= hysteresis "
-                f"({hysteresis}), got {tracker!r}"
-            )
-        for key in ("min_scale", "max_scale"):
-            value = state_dict.get(key)
-            ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
-            if key == "min_scale" and ok and value is not None:
-                ok = math.isfinite(value)  # as the constructor requires
-            if not ok:
-                what = "None or finite and > 0" if key == "min_scale" else "None or > 0"
-                raise ValueError(f"FusedGradScaler.load_state_dict: key '{key}' must be {what}, got {value!r}")
-        low, high = state_dict.get("min_scale"), state_dict.get("max_scale")
-        if low is not None and high is not None and low > high:
-            raise ValueError(
-                f"FusedGradScaler.load_state_dict: key 'min_scale' ({low}) is above key 'max_scale' ({high})"
-            )
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
