@@ -1,6 +1,7 @@
 """The model zoo benchmark: every model builds and trains at tiny size on the CPU, the recipes compared with each
 other run the same steps, and a loss that departs from stock's is reported as a failed check."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -11,7 +12,14 @@ from benchmarks import bench_models
 
 
 def _ctx(**overrides):
-    progress = SimpleNamespace(reset=lambda total: None, set_postfix_str=lambda s: None, update=lambda: None)
+    lines = []  # what the module wrote beside the bar (tqdm.write), kept for the test
+    progress = SimpleNamespace(
+        reset=lambda total: None,
+        set_postfix_str=lambda s: None,
+        update=lambda: None,
+        write=lambda s, **kwargs: lines.append(s),
+        lines=lines,
+    )
     ctx = dict(device=torch.device("cpu"), repeats=1, target_loop_s=0.0, progress=progress, full=False, models=None)
     ctx.update(overrides)
     return SimpleNamespace(**ctx, cpu_small=ctx["device"].type == "cpu", only="models")
@@ -31,8 +39,12 @@ def test_every_zoo_model_builds_small_and_its_loss_is_finite(name):
 def test_default_cpu_run_compares_each_recipe_with_stock():
     pytest.importorskip("transformers")
     pytest.importorskip("torchvision")
-    document = bench_models.run(_ctx())
+    ctx = _ctx()
+    document = bench_models.run(ctx)
     rows = document["rows"]
+    # each row went to stderr as it was measured, for a run cut short
+    written = [json.loads(line.removeprefix("row ")) for line in ctx.progress.lines if line.startswith("row ")]
+    assert sorted((r["model"], r["recipe"]) for r in written) == sorted((r["model"], r["recipe"]) for r in rows)
     assert {r["model"] for r in rows} == set(bench_models.DEFAULT_MODELS)
     for row in rows:
         assert "error" not in row, row
