@@ -22,6 +22,9 @@ Ops and their backends (``BACKENDS[op]``, in order of preference):
   default on CUDA tensors: a launch costs a few microseconds of host time, Triton's launcher tens), ``triton`` (CUDA
   tensors; CPU tensors under ``TRITON_INTERPRET=1`` when asked for), ``torch`` (the reference, the default on CPU
   tensors).
+* ``linear_cross_entropy`` (:func:`ampkernels.linear_cross_entropy`, its per-chunk loss and logits' gradient):
+  ``triton`` (the default on CUDA tensors) and ``torch`` (the default on CPU tensors), chosen as ``float8_fused``;
+  ``AMPKERNELS_BACKEND=native`` leaves it on its default.
 * ``float8_fused`` (:func:`ampkernels.float8.rms_norm`, :func:`~ampkernels.float8.silu_mul` and
   :func:`~ampkernels.float8.rotary_embedding`, forward and backward): ``triton`` and ``torch``, chosen as for
   ``to_float8``; ``native`` (from ``AMPKERNELS_FLOAT8_BACKEND`` or ``AMPKERNELS_BACKEND``) leaves them on their
@@ -47,6 +50,7 @@ Environment variables read by ampkernels (``python -m ampkernels.info`` prints t
 * ``AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND`` = auto|triton|wgmma|cublas|torch: scaled_matmul on float8 operands.
 * ``AMPKERNELS_FLOAT8_BACKEND`` = native|triton|torch: the FP8 casts (to_float8, to_float8_pair) and the fused kernels
   of ampkernels.float8 (rms_norm, silu_mul, rotary_embedding).
+* ``AMPKERNELS_LOSS_BACKEND`` = triton|torch: the per-chunk step of linear_cross_entropy.
 * ``AMPKERNELS_TUNE`` = 1 (default) | 0: 0 turns off timing (Triton's matmul config tuning and ``auto``'s choice
   between Triton and wgmma); fixed rules decide instead. Read once, when ampkernels is imported, into
   ``ampkernels.matmul.tuning.TUNE``, which a running process sets instead.
@@ -89,6 +93,8 @@ FLOAT8_AUTO_CANDIDATES = ("triton", "wgmma", "cublas")
 _AUTO_CANDIDATES = {"scaled_matmul": AUTO_CANDIDATES, "scaled_matmul_float8": FLOAT8_AUTO_CANDIDATES}
 #: The elementwise ops of ampkernels.float8 (casts; fused norm, SiLU-up, RoPE).
 FLOAT8_ELEMENTWISE_OPS = ("to_float8", "float8_fused")
+#: Ops with a Triton kernel and the reference's math only (Triton the default on CUDA tensors, torch on CPU tensors).
+TRITON_OR_TORCH_OPS = ("float8_fused", "linear_cross_entropy")
 
 BACKENDS: dict[str, tuple[str, ...]] = {
     **{op: _MULTI_TENSOR_BACKENDS for op in SCALER_OPS + OPTIMIZER_OPS},
@@ -96,6 +102,7 @@ BACKENDS: dict[str, tuple[str, ...]] = {
     "scaled_matmul_float8": FLOAT8_MATMUL_BACKENDS,
     "to_float8": FLOAT8_CAST_BACKENDS,
     "float8_fused": FLOAT8_FUSED_BACKENDS,
+    "linear_cross_entropy": ("triton", "torch"),
 }
 
 GLOBAL_VARIABLE = "AMPKERNELS_BACKEND"
@@ -107,6 +114,7 @@ VARIABLES: dict[str, str] = {
     "scaled_matmul_float8": "AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND",
     "to_float8": "AMPKERNELS_FLOAT8_BACKEND",
     "float8_fused": "AMPKERNELS_FLOAT8_BACKEND",
+    "linear_cross_entropy": "AMPKERNELS_LOSS_BACKEND",
 }
 
 #: Every environment variable ampkernels reads at run time (the docstring above says what each does).
@@ -117,6 +125,7 @@ ENVIRONMENT = (
     "AMPKERNELS_SCALED_MATMUL_BACKEND",
     "AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND",
     "AMPKERNELS_FLOAT8_BACKEND",
+    "AMPKERNELS_LOSS_BACKEND",
     "AMPKERNELS_TUNE",
     "TRITON_INTERPRET",
 )
@@ -130,6 +139,7 @@ _TRITON_MODULES = {
     "scaled_matmul_float8": "ampkernels.matmul.triton.scaled_matmul",
     "to_float8": "ampkernels.float8.triton.casts",
     "float8_fused": "ampkernels.float8.triton.fused",
+    "linear_cross_entropy": "ampkernels.loss.triton.cross_entropy",
 }
 
 
@@ -439,7 +449,7 @@ def _default(op: str, device: torch.device) -> str:
         order = (
             ("triton", "wgmma", "wmma", "torch") if op == "scaled_matmul" else ("triton", "wgmma", "cublas", "torch")
         )
-    elif op in FLOAT8_ELEMENTWISE_OPS:
+    elif op in FLOAT8_ELEMENTWISE_OPS or op in TRITON_OR_TORCH_OPS:
         order = BACKENDS[op] if device.type == "cuda" else ("torch",)
     elif op == "adam_blockwise" and device.type == "cuda":
         # NOTE (H200, 1.1B params): Triton's blockwise step runs 8-bit moments in 5.4 ms and bfloat16 + stochastic
@@ -457,7 +467,7 @@ def select(op: str, device: torch.device | str, requested_backend: str | None = 
     name, source = requested(op, requested_backend)
     if name is None:
         return _default(op, device)
-    if op in FLOAT8_ELEMENTWISE_OPS and name == "native" and source == GLOBAL_VARIABLE:
+    if (op in FLOAT8_ELEMENTWISE_OPS or op in TRITON_OR_TORCH_OPS) and name == "native" and source == GLOBAL_VARIABLE:
         # AMPKERNELS_BACKEND=native: the native casts where they run, else the op's default
         if name not in BACKENDS[op] or why_not(op, name, device) is not None:
             return _default(op, device)

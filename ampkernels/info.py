@@ -34,6 +34,7 @@ _OP_NAMES = {
     "scaled_matmul_float8": "scaled_matmul_float8 (scaled_matmul on float8 operands)",
     "to_float8": "to_float8 (FP8 casts: to_float8, to_float8_pair)",
     "float8_fused": "float8_fused (fused rms_norm, silu_mul, rotary_embedding)",
+    "linear_cross_entropy": "linear_cross_entropy (and LinearCrossEntropy)",
 }
 
 

@@ -18,9 +18,7 @@ from ampkernels.float8.reference import (
     to_float8,
     to_float8_pair,
 )
-from ampkernels.loss.reference import (
-    linear_cross_entropy,
-)
+from ampkernels.loss.reference import cross_entropy_chunk, linear_cross_entropy
 from ampkernels.matmul.reference import scaled_matmul, scaled_matmul_float8
 from ampkernels.optim.reference import (
     adam_step,
@@ -49,6 +47,7 @@ __all__ = [
     "adam_step",
     "adam_step_blockwise",
     "clip_coef",
+    "cross_entropy_chunk",
     "dequantize_blockwise",
     "float8_amax",
     "float8_max",

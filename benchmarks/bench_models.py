@@ -553,8 +553,8 @@ def _check(row: dict[str, Any], baseline: dict[str, Any] | None, recipe: Recipe)
         row["warmup_loss_rel_diff"] = abs(ours - stock) / abs(stock)
         if not row["warmup_loss_rel_diff"] <= (FLOAT8_LOSS_RTOL if recipe.float8 else warmup_loss_rtol(recipe)):
             problems.append(f"warm-up loss {row['warmup_loss_rel_diff']:.2e}")
-    # the loss scale: the first step's (framework rows, which report a mean loss, compare with stock's)
-    first = baseline["warmup_losses"][0] if "warmup_losses" in baseline else baseline["final_loss"]
+    # the loss scale: the first step's
+    first = (baseline.get("warmup_losses") or baseline["step_losses"])[0]
     row["loss_rel_diff"] = abs(row["final_loss"] - baseline["final_loss"]) / abs(first)
     if not row["loss_rel_diff"] <= (FLOAT8_LOSS_RTOL if recipe.float8 else LOSS_RTOL):
         problems.append(f"loss {row['loss_rel_diff']:.2e} of the first")

@@ -15,7 +15,9 @@
 Each step: fp16 autocast (bf16 where named), clip to 1.0, AdamW (lr 1e-4). Time: the wall time of each step after
 ``WARMUP`` (from the synchronized end of one to the synchronized end of the next), ``ROUNDS`` runs of stock and ours
 alternating, the median over all of a recipe's steps (a framework's occasional slow step, e.g. a garbage collection,
-does not move it); the loss: the mean training loss over every step of the first run, checked against stock's.
+does not move it). Every step trains on samples of its own (``model.batch_of(step)``; Trainer shuffles them with its
+seeded sampler), the same sequence for every recipe of a framework. The loss of each step of the first run is kept
+(read after the run: no host sync per step); the last step's is checked against stock's, relative to the first's.
 """
 
 from __future__ import annotations
@@ -76,26 +78,40 @@ def _float8(module: torch.nn.Module, options: Options, device: torch.device) -> 
     return convert_to_float8(module, "tensorwise", **options.float8_options(device))
 
 
-def _trainer(model, device: torch.device, options: Options, workdir: str) -> tuple[list[float], float]:
+def _recording(trainer_cls, losses: list[torch.Tensor]):
+    """``trainer_cls`` keeping each training step's loss (a detached device tensor: no host read)."""
+
+    class Recording(trainer_cls):
+        def training_step(self, *args, **kwargs):
+            loss = super().training_step(*args, **kwargs)
+            losses.append(loss.detach())
+            return loss
+
+    return Recording
+
+
+def _trainer(model, device: torch.device, options: Options, workdir: str) -> tuple[list[float], list[torch.Tensor]]:
     import transformers
     from accelerate.state import AcceleratorState
 
     from ampkernels.integrations.transformers import Trainer
 
     times: list[float] = []
+    losses: list[torch.Tensor] = []
 
     class StepTimes(transformers.TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             _sync(device)
             times.append(time.perf_counter())
 
-    batch = model.batch_of(0)  # (ids, labels) for masked LM; (ids,) for a causal LM, whose labels are its ids
-    ids, labels = batch[0], batch[-1]
-    data = [{"input_ids": ids[i], "labels": labels[i]} for i in range(ids.shape[0])]
+    # (ids, labels) for masked LM; (ids,) for a causal LM, whose labels are its ids. As many samples as the steps
+    # take, each seen once (in Trainer's shuffled order, the same for every recipe: its sampler is seeded).
+    batches = [model.batch_of(step) for step in range(WARMUP + STEPS)]
+    data = [{"input_ids": b[0][i], "labels": b[-1][i]} for b in batches for i in range(b[0].shape[0])]
     args = transformers.TrainingArguments(
         workdir,
         max_steps=WARMUP + STEPS,
-        per_device_train_batch_size=ids.shape[0],
+        per_device_train_batch_size=batches[0][0].shape[0],
         learning_rate=LR,
         max_grad_norm=MAX_NORM,
         fp16=options.precision(device) == torch.float16,
@@ -112,16 +128,16 @@ def _trainer(model, device: torch.device, options: Options, workdir: str) -> tup
     AcceleratorState._reset_state(True)
     module = _float8(model.module, options, device)
     if options.ours:
-        trainer = Trainer(
+        trainer = _recording(Trainer, losses)(
             module, args, train_dataset=data, callbacks=[StepTimes()], adamw_kwargs=options.adamw_kwargs()
         )
     else:
-        trainer = transformers.Trainer(module, args, train_dataset=data, callbacks=[StepTimes()])
-    output = trainer.train()
-    return times, output.training_loss
+        trainer = _recording(transformers.Trainer, losses)(module, args, train_dataset=data, callbacks=[StepTimes()])
+    trainer.train()
+    return times, losses
 
 
-def _accelerate(model, device: torch.device, options: Options, workdir: str) -> tuple[list[float], float]:
+def _accelerate(model, device: torch.device, options: Options, workdir: str) -> tuple[list[float], list[torch.Tensor]]:
     import accelerate
     from accelerate.state import AcceleratorState
 
@@ -138,10 +154,10 @@ def _accelerate(model, device: torch.device, options: Options, workdir: str) -> 
     else:
         optimizer = torch.optim.AdamW(params, lr=LR, fused=True)
     module, optimizer = accelerator.prepare(module, optimizer)
-    batches = [tuple(t.to(device) for t in model.batch_of(i)) for i in range(4)]
+    batches = [tuple(t.to(device) for t in model.batch_of(step)) for step in range(WARMUP + STEPS)]
     times, losses = [], []
     for step in range(WARMUP + STEPS):
-        loss = model.loss_fn(module, *batches[step % len(batches)])
+        loss = model.loss_fn(module, *batches[step])
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(module.parameters(), MAX_NORM)
         optimizer.step()
@@ -149,10 +165,10 @@ def _accelerate(model, device: torch.device, options: Options, workdir: str) -> 
         losses.append(loss.detach())
         _sync(device)
         times.append(time.perf_counter())
-    return times, float(torch.stack(losses).float().mean())
+    return times, losses
 
 
-def _lightning(model, device: torch.device, options: Options, workdir: str) -> tuple[list[float], float]:
+def _lightning(model, device: torch.device, options: Options, workdir: str) -> tuple[list[float], list[torch.Tensor]]:
     import lightning
 
     from ampkernels.integrations.lightning import MixedPrecision
@@ -197,10 +213,10 @@ def _lightning(model, device: torch.device, options: Options, workdir: str) -> t
         **({"plugins": [MixedPrecision(precision, **float8)]} if options.ours else {"precision": precision}),
     )
     trainer.fit(Module(), loader)
-    return times, float(torch.stack(losses).float().mean())
+    return times, losses
 
 
-RUNNERS: dict[str, Callable[..., tuple[list[float], float]]] = {
+RUNNERS: dict[str, Callable[..., tuple[list[float], list[torch.Tensor]]]] = {
     "trainer": _trainer,
     "accelerate": _accelerate,
     "lightning": _lightning,
@@ -210,7 +226,7 @@ RUNNERS: dict[str, Callable[..., tuple[list[float], float]]] = {
 def time_framework(
     framework: str, model_of: Callable[[], Any], device: torch.device, options: Options
 ) -> dict[str, Any]:
-    """One run: the times of the steps after the warm-up (ms), the mean training loss, peak memory."""
+    """One run: the times of the steps after the warm-up (ms), every step's loss, peak memory."""
     import tempfile
 
     if device.type == "cuda":
@@ -219,21 +235,23 @@ def time_framework(
     with device:
         model = model_of()
     with tempfile.TemporaryDirectory() as workdir:
-        times, loss = RUNNERS[framework](model, device, options, workdir)
-    if len(times) < WARMUP + 2:
-        raise RuntimeError(f"{framework}: only {len(times)} steps ran")
+        times, losses = RUNNERS[framework](model, device, options, workdir)
+    if len(times) < WARMUP + 2 or len(losses) != len(times):
+        raise RuntimeError(f"{framework}: {len(times)} steps timed and {len(losses)} losses kept")
+    step_losses = [float(x) for x in torch.stack(losses).float().cpu()]
     return {
         "description": f"{model.description}, through {framework}",
         "step_times_ms": [(end - start) * 1e3 for start, end in zip(times[WARMUP - 1 : -1], times[WARMUP:])],
         "per_batch": model.per_batch,
         "unit": model.unit,
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
-        "final_loss": loss,
+        "step_losses": step_losses,
+        "final_loss": step_losses[-1],
     }
 
 
 def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One zoo row from a recipe's runs: the median step over all of them, the first run's loss and the largest
+    """One zoo row from a recipe's runs: the median step over all of them, the first run's losses and the largest
     peak memory."""
     steps = [ms for run in runs for ms in run["step_times_ms"]]
     step_ms = statistics.median(steps)
@@ -245,5 +263,6 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "per_second": runs[0]["per_batch"] / step_ms * 1e3,
         "unit": runs[0]["unit"],
         "peak_memory_gib": max(peaks) if peaks else None,
+        "step_losses": runs[0]["step_losses"],
         "final_loss": runs[0]["final_loss"],
     }

@@ -38,6 +38,7 @@ def test_every_op_has_its_backends_and_one_variable():
         "scaled_matmul_float8",
         "to_float8",
         "float8_fused",
+        "linear_cross_entropy",
     }
     assert set(dispatch.BACKENDS) == set(dispatch.VARIABLES)
     for op in MULTI_TENSOR_OPS:
@@ -46,6 +47,20 @@ def test_every_op_has_its_backends_and_one_variable():
     assert dispatch.BACKENDS["scaled_matmul_float8"] == ("auto", "triton", "wgmma", "cublas", "torch")
     assert dispatch.BACKENDS["to_float8"] == ("native", "triton", "torch")
     assert dispatch.BACKENDS["float8_fused"] == ("triton", "torch")
+    assert dispatch.BACKENDS["linear_cross_entropy"] == ("triton", "torch")
+
+
+@pytest.mark.parametrize("op", dispatch.TRITON_OR_TORCH_OPS)
+def test_triton_or_torch_ops_default_to_torch_on_cpu_and_ignore_native(op, monkeypatch):
+    assert dispatch.select(op, "cpu") == "torch"  # the interpreter runs only when asked for
+    monkeypatch.setenv(dispatch.GLOBAL_VARIABLE, "native")
+    assert dispatch.select(op, "cpu") == "torch"
+    monkeypatch.setenv(dispatch.VARIABLES[op], "native")
+    if op == "float8_fused":  # the casts' variable: native is theirs, the fused kernels keep their default
+        assert dispatch.select(op, "cpu") == "torch"
+    else:
+        with pytest.raises(ValueError, match=f"{dispatch.VARIABLES[op]}: expected one of triton/torch"):
+            dispatch.select(op, "cpu")
 
 
 @pytest.mark.parametrize("op", list(dispatch.BACKENDS))
@@ -167,7 +182,7 @@ def test_wrappers_validate_backend_names_at_construction():
         ampkernels.FusedGradScaler("cpu", backend="")
 
 
-@pytest.mark.parametrize("op", ["to_float8", "float8_fused", "scaled_matmul_float8"])
+@pytest.mark.parametrize("op", ["to_float8", "float8_fused", "scaled_matmul_float8", "linear_cross_entropy"])
 def test_backend_choice_traces_under_torch_compile(op):
     """The float8 wrappers choose their backend inside a compiled region, so torch.compile traces the choice: it must
     read what an eager call already loaded (the extension, the Triton modules, the native ops), not import again,

@@ -8,9 +8,12 @@ GEMMs before the next chunk starts, so only one chunk of logits ever exists. Wit
 the gradients are formed in the forward pass (the loss is the last op of the graph; backward scales them by the
 incoming scalar); with ``"none"`` the backward runs the chunks again with the per-token incoming gradients.
 
-Backend: PyTorch ops per chunk (``torch``). The loss and gradients keep stock's numerics: logits in the GEMM's
-output dtype (bf16/fp16 under autocast), softmax and log-sum-exp in float32, the weight gradient accumulated over the
-chunks in float32 and rounded once.
+Backends (:mod:`ampkernels.dispatch`, op ``"linear_cross_entropy"``): ``triton`` (the default on CUDA tensors) runs
+one kernel per chunk that reads the GEMM's 16-bit logits twice (an online log-sum-exp, then the softmax) and writes
+their gradient over them; ``torch`` (the default on CPU tensors) runs ``reference.cross_entropy_chunk`` on a float32
+copy. Both keep stock's numerics: logits in the GEMM's output dtype (bf16/fp16 under autocast), softmax and
+log-sum-exp in float32, the logits' gradient rounded to the GEMM dtype for the gradient GEMMs (as autocast's
+``F.linear`` backward rounds it), the weight gradient accumulated over the chunks in float32 and rounded once.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ import math
 
 import torch
 
+from ampkernels import dispatch
 from ampkernels._autograd import first_order
+from ampkernels.loss import reference
 
 __all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
+
+_OP = "linear_cross_entropy"
 
 REDUCTIONS = ("mean", "sum", "none")
 # Float32 bytes of logits (and of their gradient, formed in place) per chunk, at least. NOTE: 256 MiB keeps a
@@ -32,16 +39,17 @@ CHUNK_BYTES = 256 * 2**20
 MIN_CHUNKS = 8
 
 
-def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
-    """Tokens per chunk, a multiple of 64: as many as fit ``CHUNK_BYTES`` of float32 logits (and an eighth of them at
-    most), and at least 2 x hidden.
+def chunk_tokens(tokens: int, vocab: int, hidden: int, logit_bytes: int = 4) -> int:
+    """Tokens per chunk, a multiple of 64: as many as fit ``CHUNK_BYTES`` of logits at ``logit_bytes`` each (the
+    torch backend's float32 copy: 4; the Triton backend works on the GEMM's 16-bit output: 2), an eighth of them at
+    most, and at least 2 x hidden.
 
     Each chunk adds its product into the float32 weight gradient, reading and writing all V x H of it; with chunks
     of at least 2H tokens that traffic stays below the chunk's own logits traffic (a 128k vocab at hidden 4096 has
     512-token chunks by the byte budget alone, 32 passes over a 2 GB gradient for 16k tokens).
     """
-    budget = min(CHUNK_BYTES, 4 * tokens * vocab // MIN_CHUNKS)
-    by_bytes = budget // (4 * max(vocab, 1)) // 64 * 64
+    budget = min(CHUNK_BYTES, logit_bytes * tokens * vocab // MIN_CHUNKS)
+    by_bytes = budget // (logit_bytes * max(vocab, 1)) // 64 * 64
     fit = max(by_bytes, -(-2 * hidden // 64) * 64, 64)
     return min(tokens, fit) if tokens else 0
 
@@ -56,14 +64,36 @@ def _accumulate_weight_grad(grad_weight: torch.Tensor, grad_logits: torch.Tensor
     return torch.addmm(grad_weight, grad_logits.t(), hidden, out_dtype=torch.float32)  # 16-bit operands
 
 
+def _losses_and_grad_logits(
+    backend: str,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    token_weight: torch.Tensor | None,
+    losses: torch.Tensor,
+    options: tuple[int, float, float],
+) -> torch.Tensor | None:
+    """One chunk's losses into ``losses`` and, with ``token_weight``, the gradient of the logits (float32 from the
+    torch backend; from Triton's, the logits' own buffer and dtype, overwritten)."""
+    ignore_index, label_smoothing, z_loss = options
+    if backend == "triton":
+        dispatch.triton_module(_OP).cross_entropy_chunk_(
+            logits, target, token_weight, losses, ignore_index, label_smoothing, z_loss
+        )
+        return logits if token_weight is not None else None
+    chunk_losses, grad = reference.cross_entropy_chunk(
+        logits, target, token_weight, ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss
+    )
+    losses.copy_(chunk_losses)
+    return grad
+
+
 def _chunked(
+    backend: str,
     hidden: torch.Tensor,
     weight: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
-    ignore_index: int,
-    label_smoothing: float,
-    z_loss: float,
+    options: tuple[int, float, float],
     token_weight: torch.Tensor | None,
     needs: tuple[bool, bool, bool],
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
@@ -75,39 +105,22 @@ def _chunked(
     grad_hidden = torch.empty_like(hidden) if grads and needs[0] else None
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads and needs[1] else None
     grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if grads and needs[2] else None
-    step = chunk_tokens(tokens, vocab, hidden.shape[1])
+    logit_bytes = hidden.element_size() if backend == "triton" else 4
+    step = chunk_tokens(tokens, vocab, hidden.shape[1], logit_bytes)
     for start in range(0, tokens, step):
-        h = hidden[start : start + step]
-        t = target[start : start + step]
-        logits = torch.nn.functional.linear(h, weight, bias).float()
-        valid = t != ignore_index
-        picked = logits.gather(1, torch.where(valid, t, 0)[:, None])[:, 0]
-        mean = logits.mean(1) if label_smoothing else None
-        # log-sum-exp with the exponentials formed in place (torch.logsumexp would hold a second chunk of them);
-        # they become the softmax, the gradient's main term, without another pass over the logits.
-        row_max = logits.amax(1)
-        exp = logits.sub_(row_max[:, None]).exp_()
-        sum_exp = exp.sum(1)
-        lse = sum_exp.log() + row_max
-        loss = (1 - label_smoothing) * (lse - picked) + z_loss * lse * lse
-        if label_smoothing:
-            loss = loss + label_smoothing * (lse - mean)
-        losses[start : start + step] = torch.where(valid, loss, 0.0)
-        if not grads:
+        rows = slice(start, start + step)
+        h = hidden[rows]
+        logits = torch.nn.functional.linear(h, weight, bias)
+        grad_logits = _losses_and_grad_logits(
+            backend, logits, target[rows], None if token_weight is None else token_weight[rows], losses[rows], options
+        )
+        if grad_logits is None:
             continue
-        # d loss / d logits = softmax * (1 + 2 z_loss lse) - (1 - s) onehot(t) - s / V, per token weight
-        grad_logits = exp.div_(sum_exp[:, None])
-        if z_loss:
-            grad_logits.mul_((1 + 2 * z_loss * lse)[:, None])
-        if label_smoothing:
-            grad_logits.sub_(label_smoothing / vocab)
-        grad_logits.scatter_add_(1, torch.where(valid, t, 0)[:, None], valid.float()[:, None] * (label_smoothing - 1))
-        grad_logits.mul_(torch.where(valid, token_weight[start : start + step], 0.0)[:, None])
         if grad_bias is not None:
-            grad_bias.add_(grad_logits.sum(0))
+            grad_bias.add_(grad_logits.sum(0, dtype=torch.float32))
         grad_logits = grad_logits.to(hidden.dtype)
         if grad_hidden is not None:
-            torch.mm(grad_logits, weight, out=grad_hidden[start : start + step])
+            torch.mm(grad_logits, weight, out=grad_hidden[rows])
         if grad_weight is not None:
             grad_weight = _accumulate_weight_grad(grad_weight, grad_logits, h)
     return losses, grad_hidden, grad_weight, grad_bias
@@ -128,6 +141,7 @@ def _forward_op(
     z_loss: float,
     reduction: str,
     needs: list[bool],
+    backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (per-token losses float32 [N], counted tokens float32 [], grad_hidden [N, H] or empty, grad_weight float32
     [V, H] or empty, grad_bias float32 [V] or empty). With reduction mean or sum the gradients are those of the
@@ -138,14 +152,13 @@ def _forward_op(
     token_weight = None
     if reduction != "none" and any(needs):
         token_weight = torch.ones((), dtype=torch.float32, device=hidden.device).expand(target.shape[0])
-    losses, gh, gw, gb = _chunked(
-        hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, token_weight, tuple(needs)
-    )
+    options = (ignore_index, label_smoothing, z_loss)
+    losses, gh, gw, gb = _chunked(backend, hidden, weight, target, bias, options, token_weight, tuple(needs))
     return losses, counted, *(_empty(hidden) if g is None else g for g in (gh, gw, gb))
 
 
 @_forward_op.register_fake
-def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs):
+def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs, backend):
     grads = reduction != "none"
     tokens, vocab = hidden.shape[0], weight.shape[0]
     losses = hidden.new_empty(tokens, dtype=torch.float32)
@@ -167,16 +180,16 @@ def _backward_op(
     label_smoothing: float,
     z_loss: float,
     needs: list[bool],
+    backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reduction="none": the chunks again, each token's gradient weighted by ``grad_losses`` (float32 [N])."""
-    _, gh, gw, gb = _chunked(
-        hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, grad_losses, tuple(needs)
-    )
+    options = (ignore_index, label_smoothing, z_loss)
+    _, gh, gw, gb = _chunked(backend, hidden, weight, target, bias, options, grad_losses, tuple(needs))
     return tuple(_empty(hidden) if g is None else g for g in (gh, gw, gb))
 
 
 @_backward_op.register_fake
-def _(hidden, weight, target, bias, grad_losses, ignore_index, label_smoothing, z_loss, needs):
+def _(hidden, weight, target, bias, grad_losses, ignore_index, label_smoothing, z_loss, needs, backend):
     gh = hidden.new_empty(hidden.shape) if needs[0] else _empty(hidden)
     gw = weight.new_empty(weight.shape, dtype=torch.float32) if needs[1] else _empty(hidden)
     gb = weight.new_empty(weight.shape[0], dtype=torch.float32) if needs[2] else _empty(hidden)
@@ -185,12 +198,12 @@ def _(hidden, weight, target, bias, grad_losses, ignore_index, label_smoothing, 
 
 class _LinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction):
+    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, backend):
         needs = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3]]
         losses, counted, gh, gw, gb = torch.ops.ampkernels.linear_cross_entropy(
-            hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs
+            hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs, backend
         )
-        ctx.reduction, ctx.needs = reduction, needs
+        ctx.reduction, ctx.needs, ctx.backend = reduction, needs, backend
         ctx.options = (ignore_index, label_smoothing, z_loss)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         if reduction == "none":
@@ -206,7 +219,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         if ctx.reduction == "none":
             hidden, weight, target, bias = ctx.saved_tensors
             gh, gw, gb = torch.ops.ampkernels.linear_cross_entropy_backward(
-                hidden, weight, target, bias, grad.float().contiguous(), *ctx.options, ctx.needs
+                hidden, weight, target, bias, grad.float().contiguous(), *ctx.options, ctx.needs, ctx.backend
             )
         else:
             gh, gw, gb, counted = ctx.saved_tensors
@@ -221,6 +234,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             gw.to(weight_dtype) if ctx.needs[1] else None,
             None,
             gb.to(bias_dtype) if ctx.needs[2] else None,
+            None,
             None,
             None,
             None,
@@ -242,6 +256,7 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     z_loss: float = 0.0,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden, weight, bias), target, ...)`` plus ``z_loss * lse**2`` per token, without
     the [tokens, vocab] logits in memory (see the module docstring; :func:`ampkernels.reference.linear_cross_entropy`
@@ -256,6 +271,9 @@ def linear_cross_entropy(
         label_smoothing: in [0, 1], as torch's.
         reduction: ``"mean"`` (over the counted tokens; NaN when none is, as torch), ``"sum"`` or ``"none"``.
         z_loss: weight of ``lse**2`` (the log-sum-exp of a token's logits), >= 0.
+        backend: ``"triton"`` (the default on CUDA tensors: one kernel per chunk forms the loss and the logits'
+            gradient in place) or ``"torch"`` (the reference's math per chunk, the default on CPU tensors);
+            default: :mod:`ampkernels.dispatch`'s choice (op ``"linear_cross_entropy"``).
     Under autocast the head runs in the autocast dtype, as ``F.linear`` would; the loss is float32.
     """
     for name, value in (("hidden", hidden), ("weight", weight), ("target", target)):
@@ -285,6 +303,7 @@ def linear_cross_entropy(
         out_of_range = (target != ignore_index) & ((target < 0) | (target >= weight.shape[0]))
         if bool(out_of_range.any()):  # NOTE: one host sync; a wrong index would read another token's logit
             raise _error("target", f"holds class indices outside [0, {weight.shape[0]}) other than ignore_index")
+    chosen = dispatch.select(_OP, hidden.device, dispatch.check_backend(_OP, backend))
     device = hidden.device.type
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
@@ -304,6 +323,7 @@ def linear_cross_entropy(
             float(label_smoothing),
             float(z_loss),
             reduction,
+            chosen,
         )
     return loss.reshape(shape) if reduction == "none" else loss
 
@@ -323,6 +343,7 @@ class LinearCrossEntropy(torch.nn.Module):
         label_smoothing: float = 0.0,
         reduction: str = "mean",
         z_loss: float = 0.0,
+        backend: str | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -335,6 +356,7 @@ class LinearCrossEntropy(torch.nn.Module):
             reduction,
             z_loss,
         )
+        self.backend = dispatch.check_backend(_OP, backend)
 
     def forward(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return linear_cross_entropy(
@@ -346,6 +368,7 @@ class LinearCrossEntropy(torch.nn.Module):
             label_smoothing=self.label_smoothing,
             reduction=self.reduction,
             z_loss=self.z_loss,
+            backend=self.backend,
         )
 
     def extra_repr(self) -> str:

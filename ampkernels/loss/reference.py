@@ -44,3 +44,48 @@ def linear_cross_entropy(
     if reduction == "sum":
         return loss.sum()
     return loss.sum() / valid.sum()
+
+
+def cross_entropy_chunk(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    token_weight: torch.Tensor | None,
+    *,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference of the per-chunk step of :func:`ampkernels.linear_cross_entropy` (the Triton kernel
+    ``_cross_entropy_rows_kernel``): the losses of the rows of ``logits`` [N, V] (any float dtype; the math in float32)
+    and, with ``token_weight`` (float32 [N], each row's incoming gradient), the gradient of ``sum(token_weight *
+    losses)`` by the logits, float32 [N, V]:
+
+    ``grad = token_weight * (softmax(z) * (1 + 2 z_loss lse) - s / V - (1 - s) * onehot(t))``, zero for ignored rows.
+
+    Loss per row as :func:`linear_cross_entropy`'s. Works on a float32 copy of ``logits`` (in place on it: the
+    exponentials become the softmax without a second [N, V] buffer).
+    """
+    vocab = logits.shape[1]
+    logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+    valid = target != ignore_index
+    safe_target = torch.where(valid, target, 0)[:, None]
+    picked = logits.gather(1, safe_target)[:, 0]
+    mean = logits.mean(1) if label_smoothing else None
+    row_max = logits.amax(1)
+    exp = logits.sub_(row_max[:, None]).exp_()
+    sum_exp = exp.sum(1)
+    lse = sum_exp.log() + row_max
+    loss = (1 - label_smoothing) * (lse - picked) + z_loss * lse * lse
+    if label_smoothing:
+        loss = loss + label_smoothing * (lse - mean)
+    losses = torch.where(valid, loss, 0.0)
+    if token_weight is None:
+        return losses, None
+    grad = exp.div_(sum_exp[:, None])
+    if z_loss:
+        grad.mul_((1 + 2 * z_loss * lse)[:, None])
+    if label_smoothing:
+        grad.sub_(label_smoothing / vocab)
+    grad.scatter_add_(1, safe_target, valid.float()[:, None] * (label_smoothing - 1))
+    grad.mul_(token_weight[:, None]).masked_fill_(~valid[:, None], 0.0)
+    return losses, grad

@@ -130,3 +130,15 @@ def test_everything_through_a_framework_runs_on_the_llama_model_only():
     ours = bench_models.BY_NAME["ampkernels-trainer-fp8-8bit"]
     assert ours.float8 and ours.moments == "8bit" and ours.baseline == "stock-trainer-bf16"
     assert ("stock-lightning-bf16", "ampkernels-lightning-fp8-8bit") in bench_models.PAIRS
+
+
+def test_framework_rows_check_their_last_step_relative_to_the_first():
+    """Framework rows keep every step's loss: the last is compared with stock's, relative to stock's first."""
+    recipe = bench_models.BY_NAME["ampkernels-trainer-fp8-8bit"]
+    baseline = {"recipe": "stock-trainer-bf16", "step_ms": 10.0, "step_losses": [10.0, 8.0, 4.0], "final_loss": 4.0}
+    close = {"step_ms": 9.0, "step_losses": [10.0, 8.1, 4.05], "final_loss": 4.05}  # 0.5% of the first loss
+    far = {"step_ms": 9.0, "step_losses": [10.0, 8.1, 4.2], "final_loss": 4.2}  # 2% of it (5% of the last)
+    bench_models._check(close, baseline, recipe)
+    bench_models._check(far, baseline, recipe)
+    assert close["check"] == "ok" and close["loss_rel_diff"] == pytest.approx(0.005)
+    assert far["check"].startswith("FAILED: loss") and far["loss_rel_diff"] == pytest.approx(0.02)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import ampkernels
-from ampkernels import reference
+from ampkernels import dispatch, reference
 from ampkernels.loss import cross_entropy as lce_module
 
 # The float64 error of a float32 loss of O(1) per token: the absolute floor of the 2x-stock bound (both errors can be
@@ -48,6 +48,12 @@ def _ours(h, w, t, b, **options):
     return ampkernels.linear_cross_entropy(h, w, t, bias=b, **options)
 
 
+def _runs_here(backend, device):
+    reason = dispatch.why_not("linear_cross_entropy", backend, device)
+    if reason is not None:
+        pytest.skip(reason)
+
+
 def _exact(h, w, b, t, **options):
     leaves = [x.detach().double().requires_grad_() if x is not None else None for x in (h, w, b)]
     loss = reference.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2], **options)
@@ -59,16 +65,19 @@ def _exact(h, w, b, t, **options):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("smoothing, z_loss", [(0.0, 0.0), (0.1, 1e-3)])
-def test_error_at_most_twice_stock_against_float64(device, dtype, reduction, smoothing, z_loss, monkeypatch):
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_error_at_most_twice_stock_against_float64(device, dtype, reduction, smoothing, z_loss, backend, monkeypatch):
     if device == "cpu" and dtype == torch.float16:
         pytest.skip("CPU autocast runs float16 linear layers slowly and without a reference of its own")
-    # 64-token chunks (hidden 32: 2 x hidden = 64): five chunks for 300 tokens, the last one ragged
+    _runs_here(backend, device)
+    # 64-token chunks (hidden 32: 2 x hidden = 64), for float32 logits and for Triton's 16-bit ones (an eighth of
+    # the logits at most): five chunks for 300 tokens, the last one ragged
     monkeypatch.setattr(lce_module, "CHUNK_BYTES", 64 * 4 * 203)
-    assert lce_module.chunk_tokens(300, 203, 32) == 64
+    assert lce_module.chunk_tokens(300, 203, 32) == 64 == lce_module.chunk_tokens(300, 203, 32, 2)
     h, w, b, t = _inputs(device)
     options = dict(label_smoothing=smoothing, reduction=reduction, z_loss=z_loss)
     exact = _exact(h, w, b, t, **options)
-    ours = _loss_and_grads(_ours, h, w, b, t, dtype, device, **options)
+    ours = _loss_and_grads(_ours, h, w, b, t, dtype, device, backend=backend, **options)
     stock = _loss_and_grads(_stock, h, w, b, t, dtype, device, **options)
     for name, o, s, e in zip(("loss", "hidden", "weight", "bias"), ours, stock, exact):
         ours_error, stock_error = (o - e).abs().max().item(), (s - e).abs().max().item()
@@ -150,8 +159,10 @@ def test_traced_by_torch_compile_and_opcheck():
     h.grad = None
     step(h, w, t).backward()
     torch.testing.assert_close(h.grad, expected)
-    args = (h.detach(), w, t, None, -100, 0.1, 0.0, "mean", [True, True, False])
-    torch.library.opcheck(torch.ops.ampkernels.linear_cross_entropy.default, args)
+    for backend in ("torch", "triton"):
+        if dispatch.why_not("linear_cross_entropy", backend, "cpu") is None:
+            args = (h.detach(), w, t, None, -100, 0.1, 0.0, "mean", [True, True, False], backend)
+            torch.library.opcheck(torch.ops.ampkernels.linear_cross_entropy.default, args)
 
 
 @pytest.mark.parametrize(
