@@ -9,6 +9,7 @@ from ampkernels.float8.convert import convert_to_float8
 from ampkernels.float8.fsdp import precompute_float8_scales
 from ampkernels.float8.fused import RMSNorm, rms_norm, rotary_embedding, silu_mul
 from ampkernels.float8.linear import Float8DelayedScaling, Float8Linear, Float8Recipe
+from ampkernels.float8.weight_casts import forget_weight_casts
 
 __all__ = [
     "Float8DelayedScaling",
@@ -16,6 +17,7 @@ __all__ = [
     "Float8Recipe",
     "RMSNorm",
     "convert_to_float8",
+    "forget_weight_casts",
     "precompute_float8_scales",
     "rms_norm",
     "rotary_embedding",

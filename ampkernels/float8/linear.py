@@ -38,6 +38,7 @@ from ampkernels.float8.casts import cast_with_produced_amax, to_float8, to_float
 from ampkernels.float8.fsdp import Float8AllGatherWeight, Float8GatheredWeight, wrap_float8_all_gather
 from ampkernels.float8.fused import produced_amax
 from ampkernels.float8.reference import float8_max
+from ampkernels.float8.weight_casts import CaptureTracker, WeightCasts
 from ampkernels.matmul.api import scaled_matmul
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -134,15 +135,10 @@ class _InputCasts:
         self.ref = self.casts = self.key = None
         self.version = -1
         self.capture = 0  # the capture an entry was made in (0: none)
-        self.captures = 0  # captures seen so far
-        self.was_capturing = False
+        self.captures = CaptureTracker()
 
     def _capture(self, x: torch.Tensor) -> int:
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        if capturing and not self.was_capturing:
-            self.captures += 1
-        self.was_capturing = capturing
-        return self.captures if capturing else 0
+        return self.captures.current(x)
 
     def get(self, x: torch.Tensor, key: tuple):
         if torch.compiler.is_compiling() or x.is_inference():
@@ -178,7 +174,7 @@ class _TensorwiseMatmul(torch.autograd.Function):
     ``amax``: the layer's float32 [3] buffers, indexed by INPUT, WEIGHT, GRAD_OUTPUT)."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, recipe, out_dtype, scale, amax):
+    def forward(ctx, input, weight, bias, recipe, out_dtype, scale, amax, weight_casts):
         def site(t, i):
             return None if t is None else t[i]
 
@@ -205,8 +201,7 @@ class _TensorwiseMatmul(torch.autograd.Function):
             # backward's layout is made from the codes FSDP2 gathers again for it (it frees them in between).
             w8, w_inv, wt8 = gathered._codes, gathered._scale_inv, None
         else:
-            w = weight._hp if isinstance(weight, Float8AllGatherWeight) else weight
-            w8, wt8, w_inv = to_float8_pair(w, fwd, scale=site(scale, WEIGHT), amax_out=site(amax, WEIGHT))
+            w8, wt8, w_inv = _tensorwise_weight_casts(weight, fwd, scale, amax, weight_casts)
         out = _mm(x8, w8.t(), x_inv, w_inv, bias, out_dtype)
         # (a gathered weight's scale_inv is refilled in place by the next all-gather: read it in the backward)
         ctx.save_for_backward(xt8, wt8, x_inv, None if gathered is not None else w_inv, gathered)
@@ -235,7 +230,21 @@ class _TensorwiseMatmul(torch.autograd.Function):
         grad_x = _mm(g8, wt8.t(), g_inv, w_inv, None, ctx.x_dtype).view(ctx.x_shape) if need_x else None
         grad_w = _mm(gt8, xt8.t(), g_inv, x_inv, None, ctx.w_dtype) if need_w else None
         grad_bias = _bias_grad(grad, ctx.bias_dtype) if need_bias else None
-        return grad_x, grad_w, grad_bias, None, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None
+
+
+def _tensorwise_weight_casts(weight, fwd, scale, amax, weight_casts: WeightCasts):
+    """(w8, wt8, w_inv): the weight's casts, from the layer's cache when the weight, its scale (delayed) and the
+    settings are unchanged since they were made (:mod:`ampkernels.float8.weight_casts`)."""
+    w_scale, w_amax = (None, None) if scale is None else (scale[WEIGHT], amax[WEIGHT])
+    if isinstance(weight, Float8AllGatherWeight):  # (FSDP2's wrapper: its storage is FSDP2's to change)
+        return to_float8_pair(weight._hp, fwd, scale=w_scale, amax_out=w_amax)
+    settings = (fwd, weight.dtype)
+    casts = weight_casts.get("tensor", weight, settings, scale)
+    if casts is None:
+        casts = to_float8_pair(weight, fwd, scale=w_scale, amax_out=w_amax)
+        weight_casts.put("tensor", weight, settings, casts, scale)
+    return casts
 
 
 class _RowwiseMatmul(torch.autograd.Function):
@@ -243,7 +252,7 @@ class _RowwiseMatmul(torch.autograd.Function):
     (per column of x, over all tokens) for the weight gradient is made in the forward, so that only FP8 is saved."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, recipe, out_dtype):
+    def forward(ctx, input, weight, bias, recipe, out_dtype, weight_casts):
         fwd = recipe.forward_dtype
         x = input.reshape(-1, input.shape[-1])
         key = ("row", fwd, weight.requires_grad)
@@ -255,7 +264,14 @@ class _RowwiseMatmul(torch.autograd.Function):
                 xt8, xt_inv = to_float8(x, fwd, "row", transpose=True)  # [K, M], [K, 1]
             casts = _INPUT_CASTS.put(input, key, (x8, x_inv, xt8, xt_inv))
         x8, x_inv, xt8, xt_inv = casts
-        w8, w_inv = to_float8(weight, fwd, "row")  # [N, 1]
+        settings = (fwd, weight.dtype)
+        w8, w_inv = weight_casts.get("row", weight, settings) or weight_casts.put(
+            "row",
+            weight,
+            settings,
+            to_float8(weight, fwd, "row"),  # [N, 1]
+        )
+        ctx.weight_casts = weight_casts
         out = _mm(x8, w8.t(), x_inv, w_inv.t(), bias, out_dtype)
         ctx.save_for_backward(xt8, xt_inv, weight)
         ctx.recipe, ctx.x_dtype, ctx.x_shape = recipe, x.dtype, input.shape
@@ -272,14 +288,20 @@ class _RowwiseMatmul(torch.autograd.Function):
         grad_x = grad_w = grad_bias = None
         if need_x:
             g8, g_inv = to_float8(grad, bwd, "row")  # [M, 1]
-            wt8, wt_inv = to_float8(weight, fwd, "row", transpose=True)  # [K, N], [K, 1]
+            settings = (fwd, weight.dtype)
+            wt8, wt_inv = ctx.weight_casts.get("row_t", weight, settings) or ctx.weight_casts.put(
+                "row_t",
+                weight,
+                settings,
+                to_float8(weight, fwd, "row", transpose=True),  # [K, N], [K, 1]
+            )
             grad_x = _mm(g8, wt8.t(), g_inv, wt_inv.t(), None, ctx.x_dtype).view(ctx.x_shape)
         if need_w:
             gt8, gt_inv = to_float8(grad, bwd, "row", transpose=True)  # [N, M], [N, 1]
             grad_w = _mm(gt8, xt8.t(), gt_inv, xt_inv.t(), None, weight.dtype)
         if need_bias:
             grad_bias = _bias_grad(grad, ctx.bias_dtype)
-        return grad_x, grad_w, grad_bias, None, None
+        return grad_x, grad_w, grad_bias, None, None, None
 
 
 #: The size rule. Per token, a layer's GEMMs do 2KN FLOPs (each of the three products) while its casts touch K + N
@@ -345,6 +367,7 @@ class Float8Linear(nn.Linear):
     ) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
         self.recipe = Float8Recipe.named(recipe)
+        self.float8_weight_casts = WeightCasts()  # reused across micro-batches: ampkernels.float8.weight_casts
         self.fsdp_float8_all_gather = _check_all_gather(fsdp_float8_all_gather, self.recipe)
         if self.fsdp_float8_all_gather:
             self.weight = wrap_float8_all_gather(self.weight, self.recipe.forward_dtype)
@@ -412,13 +435,16 @@ class Float8Linear(nn.Linear):
             return F.linear(input, self.weight, self.bias)
         device_type = input.device.type
         out_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else input.dtype
+        casts = self.__dict__.get("float8_weight_casts")
+        if casts is None:  # (a layer pickled before layers kept their weight casts)
+            casts = self.float8_weight_casts = WeightCasts()
         if self.recipe.name == "rowwise":
-            return _RowwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype)
+            return _RowwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, casts)
         if self.recipe.name == "delayed":
             self._ensure_float8_state()
             scale, amax = self.float8_scale, self.float8_amax
-            return _TensorwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, scale, amax)
-        return _TensorwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, None, None)
+            return _TensorwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, scale, amax, casts)
+        return _TensorwiseMatmul.apply(input, self.weight, self.bias, self.recipe, out_dtype, None, None, casts)
 
     def extra_repr(self) -> str:
         gather = ", fsdp_float8_all_gather=True" if self.fsdp_float8_all_gather else ""
