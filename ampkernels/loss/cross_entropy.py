@@ -24,6 +24,7 @@ import torch
 
 from ampkernels import dispatch
 from ampkernels._autograd import first_order
+from ampkernels._runtime import capturing
 from ampkernels.loss import reference
 
 __all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
@@ -299,9 +300,11 @@ def linear_cross_entropy(
         raise _error("z_loss", f"expected a finite float >= 0, got {z_loss!r}")
     if not isinstance(ignore_index, int):
         raise _error("ignore_index", f"expected an int, got {ignore_index!r}")
-    if not torch.compiler.is_compiling():
+    if not (torch.compiler.is_compiling() or capturing()):
+        # NOTE: one host sync. Where none is allowed (a CUDA graph capture, a compiled graph) the Triton kernel
+        # gives an out-of-range target a NaN loss and gradient instead, which a loss scaler's check catches.
         out_of_range = (target != ignore_index) & ((target < 0) | (target >= weight.shape[0]))
-        if bool(out_of_range.any()):  # NOTE: one host sync; a wrong index would read another token's logit
+        if bool(out_of_range.any()):
             raise _error("target", f"holds class indices outside [0, {weight.shape[0]}) other than ignore_index")
     chosen = dispatch.select(_OP, hidden.device, dispatch.check_backend(_OP, backend))
     device = hidden.device.type

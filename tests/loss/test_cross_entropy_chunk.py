@@ -68,3 +68,14 @@ def test_logits_at_minus_infinity(device):
     assert torch.isfinite(losses).all()
     torch.testing.assert_close(losses, expected_losses, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits, expected_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_a_target_out_of_range_gives_nan_not_another_logit(device):
+    """Where no host check ran (a CUDA graph capture), a class index outside [0, V) must not read past its row."""
+    kernel = _kernel(device)
+    logits, target, weight = _chunk(device, torch.float32, rows=4, vocab=300)
+    target[:] = torch.tensor([3, 300, -7, -100])
+    losses = torch.empty(4, device=device)
+    kernel.cross_entropy_chunk_(logits, target, weight, losses, -100, 0.0, 0.0)
+    assert losses.isnan().tolist() == [False, True, True, False]
+    assert logits.isnan().all(1).tolist() == [False, True, True, False] and (logits[3] == 0).all()

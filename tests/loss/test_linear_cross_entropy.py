@@ -243,3 +243,42 @@ def test_reference_is_torch_cross_entropy_in_float64(reduction):
     z = 0.01 * torch.log(torch.exp(logits).sum(-1)) ** 2 * (t != -100)
     with_z = reference.linear_cross_entropy(h, w, t, b, reduction="none", z_loss=0.01)
     torch.testing.assert_close(with_z, F.cross_entropy(logits, t, reduction="none") + z, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_captured_step_replays_the_eager_run():
+    """A head trained with fp16 autocast, FusedGradScaler and FusedAdamW, captured by capture_step: the replays give
+    the eager run's losses and parameters (the target check's host sync is skipped inside the capture)."""
+
+    def build():
+        torch.manual_seed(0)
+        trunk = torch.nn.Linear(64, 128).cuda()
+        head = ampkernels.LinearCrossEntropy(128, 1000, label_smoothing=0.1).cuda()
+        model = torch.nn.ModuleDict({"trunk": trunk, "head": head})
+        return model, ampkernels.FusedAdamW(model.parameters(), lr=1e-3), ampkernels.FusedGradScaler("cuda")
+
+    def step_fn(model, opt, scaler):
+        def step(x, t):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model["head"](torch.tanh(model["trunk"](x)), t)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            return loss.detach()
+
+        return step
+
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(512, 64, generator=gen).cuda(), torch.randint(0, 1000, (512,), generator=gen).cuda())
+               for _ in range(5)]  # fmt: skip
+    eager_model, eager_opt, eager_scaler = build()
+    eager = step_fn(eager_model, eager_opt, eager_scaler)
+    expected = [float(eager(x, t)) for x, t in batches]
+    model, opt, scaler = build()
+    graphed = ampkernels.capture_step(step_fn(model, opt, scaler), *batches[0], models=model, optimizers=opt,
+                                      scalers=scaler)  # fmt: skip
+    assert [float(graphed(x, t)) for x, t in batches] == pytest.approx(expected, rel=1e-5)
+    for p, q in zip(eager_model.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)

@@ -53,7 +53,10 @@ def _cross_entropy_rows_kernel(
             sum_logits += tl.sum(tl.where(mask, x, 0.0), axis=0)
     lse = running_max + tl.log(sum_exp)
 
-    picked = tl.load(row_ptr + tl.where(valid, target, 0)).to(tl.float32)
+    # (a target outside [0, V) that no host check stopped: NaN, never a read outside the row)
+    in_range = (target >= 0) & (target < V)
+    picked = tl.load(row_ptr + tl.where(valid & in_range, target, 0)).to(tl.float32)
+    picked = tl.where(in_range | ~valid, picked, float("nan"))
     loss = (1.0 - label_smoothing) * (lse - picked)
     if SMOOTHING:
         loss += label_smoothing * (lse - sum_logits / V)
@@ -63,6 +66,7 @@ def _cross_entropy_rows_kernel(
 
     if GRADS:
         weight = tl.load(weight_ptr + row * weight_stride)
+        weight = tl.where(in_range | ~valid, weight, float("nan"))  # (an out-of-range target: a NaN row)
         softmax_factor = weight
         if Z_LOSS:
             softmax_factor = weight * (1.0 + 2.0 * z_loss * lse)
