@@ -182,11 +182,15 @@ class LlamaStack(nn.Module):
             block.attn.o.weight.div_(math.sqrt(2 * layers))
             block.mlp.down.weight.div_(math.sqrt(2 * layers))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[B, T] -> [B, T, dim]: what the head reads (the final norm's output), for a loss fused with the head."""
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        return self.norm(x)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.hidden_states(tokens))
 
 
 def tiny_llama(**overrides: Any) -> LlamaStack:

@@ -342,12 +342,14 @@ def test_float8_benchmark_smoke(tmp_path):
     assert document["casts"] and document["fused"] and document["gemms"] and document["layers"]["rows"]
     stack = {row["key"]: row for row in document["stack"]["rows"]}
     expected = {"bf16-eager", "bf16-fused-eager"} | {f"fp8-{recipe}-eager" for recipe in bench_float8.RECIPES}
+    expected |= {"bf16-fused-loss-eager", "fp8-tensorwise-fused-loss-eager"}  # the head's loss fused
     assert set(stack) == expected
     assert all("ms" in row and row["losses_finite"] for row in stack.values()), stack
     # Every ampkernels row's losses within 1% of stock bf16 eager's; the FP8 rows took the FP8 path (their losses
     # differ from the bf16 ones: on the CPU the tiny stack's Linears are converted whatever their size).
     assert all(row["check"] == (None if row["stock"] else "ok") for row in stack.values())
     assert stack["fp8-tensorwise-eager"]["losses"] != stack["bf16-fused-eager"]["losses"]
+    assert stack["bf16-fused-loss-eager"]["losses"] != stack["bf16-fused-eager"]["losses"]  # another loss path
     checked = document["casts"] + document["fused"] + document["gemms"]
     assert all(row.get("check") in (None, "ok") for row in checked) and any(row.get("check") == "ok" for row in checked)
     report = bench_float8.report(document)
