@@ -7,6 +7,9 @@ import torch
 
 # The FP8 formats ampkernels casts to and multiplies: e4m3 (forward operands) and e5m2 (gradients).
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# Floor of the amax an FP8 scale is computed from (torchao's): an all-zero tensor gets a large finite scale, not inf
+# (the CUDA casts: kAmaxFloor in csrc/float8/casts.cu).
+FLOAT8_AMAX_FLOOR = 1e-12
 
 
 class NormKind(enum.IntEnum):

@@ -11,12 +11,12 @@ import math
 
 import torch
 
+from ampkernels._constants import FLOAT8_AMAX_FLOOR
+
 # --------------------------------------------------------------------------------------------------------------------
 # FP8: casts with per-tensor or per-row scales (ampkernels.float8)
 # --------------------------------------------------------------------------------------------------------------------
 
-#: Floor of the amax a scale is computed from (torchao's): an all-zero tensor gets a large finite scale, not inf.
-FLOAT8_AMAX_FLOOR = 1e-12
 FLOAT8_GRANULARITIES = ("tensor", "row")
 
 

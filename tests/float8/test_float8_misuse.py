@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from ampkernels import dispatch, reference
+from ampkernels._constants import FLOAT8_DTYPES
 from ampkernels.float8 import to_float8, to_float8_pair
 
 BACKENDS = ["native", "triton", "torch"]
-FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
@@ -39,7 +39,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", FLOAT8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_finite_float64_beyond_float32_saturates(device, backend, dtype, granularity, transpose):
@@ -100,7 +100,7 @@ def test_delayed_scaling_saturates_finite_float64(device, backend):
     assert not data.float().isnan().any()
 
 
-@pytest.mark.parametrize("dtype", FLOAT8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_reference_saturates_finite_float64_beyond_float32(device, dtype, granularity, transpose):
