@@ -1,14 +1,54 @@
 """Constants the Python, Triton and C++ sides of ampkernels must agree on (C++: csrc's shared headers)."""
 
+import enum
+import math
+
 import torch
 
 # The FP8 formats ampkernels casts to and multiplies: e4m3 (forward operands) and e5m2 (gradients).
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# Floor of the amax an FP8 scale is computed from (torchao's): an all-zero tensor gets a large finite scale, not inf
+# (the CUDA casts: kAmaxFloor in csrc/float8/casts.cu).
+FLOAT8_AMAX_FLOOR = 1e-12
 
-# Norm codes of the multi-tensor unscale/norm kernels (the Triton kernels' NORM constexpr; the C++ ops' norm code).
-NORM_NONE = 0
-NORM_L2 = 1
-NORM_INF = 2
+
+class NormKind(enum.IntEnum):
+    """Which norm the multi-tensor unscale/norm kernels compute: C++ ``NormKind`` (csrc/common/constants.h), the
+    native ops' ``norm_kind`` and the Triton kernels' ``NORM`` constexpr. Users pass torch's float ``norm_type``
+    instead: :func:`norm_kind` converts it."""
+
+    NONE = 0
+    L2 = 1
+    INF = 2
+
+    @property
+    def norm_type(self) -> float | None:
+        """torch's ``norm_type`` of this kind (``None`` for ``NONE``): the inverse of :func:`norm_kind`."""
+        return None if self is NormKind.NONE else 2.0 if self is NormKind.L2 else math.inf
+
+
+def norm_kind(norm_type: float | None, arg: str = "norm_type") -> NormKind:
+    """The :class:`NormKind` of a user's ``norm_type`` (``torch.nn.utils.clip_grad_norm_``'s spelling): ``None``
+    (no norm), ``2.0`` or ``inf``; any other value raises ``ValueError`` naming ``arg`` (the fused kernels compute
+    only those two norms; torch's ``0`` counts non-zeros, it does not mean "no norm")."""
+    if norm_type is None:
+        return NormKind.NONE
+    try:
+        p = float(norm_type)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"ampkernels: argument '{arg}': expected None, 2.0 or inf, got {type(norm_type).__name__}"
+        ) from None
+    if p == 2.0:
+        return NormKind.L2
+    if p == math.inf:
+        return NormKind.INF
+    raise ValueError(f"ampkernels: argument '{arg}': the fused kernels compute 2 and inf norms, got {norm_type}")
+
+
+# The max_norm that asks the native ops for no clip coefficient (C++ kNoClip). Python APIs say "no clip" with None;
+# this value stands for it only where max_norm crosses into C++ (a float argument).
+NO_CLIP = -1.0
 
 # Scale modes of the scaled_matmul kernels (a runtime argument: one compiled kernel serves all four).
 SCALE_NONE = 0  # no scale tensor (alpha only)

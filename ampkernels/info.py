@@ -29,7 +29,7 @@ _OP_NAMES = {
     "update_scale_": "update_scale_",
     "adam": "adam (FusedAdam, FusedAdamW)",
     "sgd": "sgd (FusedSGD)",
-    "adam_blockwise": "adam_blockwise (FusedAdam with low-bit moments or stochastic rounding)",
+    "adam_blockwise": "adam_blockwise (FusedAdam with low-precision moments or stochastic rounding)",
     "scaled_matmul": "scaled_matmul (and ScaledLinear)",
     "scaled_matmul_float8": "scaled_matmul_float8 (scaled_matmul on float8 operands)",
     "to_float8": "to_float8 (FP8 casts: to_float8, to_float8_pair)",

@@ -100,7 +100,7 @@ def _stack_variants(ctx: RunContext) -> list[dict[str, Any]]:
     if on_gpu:
         rows.append(dict(key="bf16-compiled", label="stock bf16, torch.compile", fp8=None, compiled=True, stock=True))
     # The ampkernels rows build the model with the fused RMSNorm, RoPE and SiLU-up (LlamaStack(fused=True)); its bf16
-    # rows show what the fusion alone gives, the fp8 rows what FP8 adds on top.
+    # rows show what the fusion alone gives, the FP8 rows what FP8 adds on top.
     rows.append(dict(key="bf16-fused-eager", label="ampkernels bf16 (fused norm, RoPE, SiLU-up), eager", fp8=None))
     if on_gpu:
         rows.append(

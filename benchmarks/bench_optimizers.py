@@ -142,7 +142,7 @@ TRAINING_BATCH = (8, 2048)  # sequences x tokens on a GPU
 # On the CPU a tiny stack (ffn 4 x dim, as LLAMA_STACK's): it checks the code path, there is no peak to measure.
 CPU_LLAMA_STACK = dict(vocab=512, dim=128, layers=2, heads=4, ffn=512)
 CPU_TRAINING_BATCH = (2, 64)
-# torchao's 8-bit and fp8 states use blocks of 256 elements with a float32 scale each, its 4-bit state blocks of 128;
+# torchao's 8-bit and FP8 states use blocks of 256 elements with a float32 scale each, its 4-bit state blocks of 128;
 # it quantizes the tensors of >= 4096 elements that the block size divides (torchao/optim/adam.py, _new_buffer).
 TORCHAO_BLOCK = {"ao8": 256, "aofp8": 256, "ao4": 128}
 TORCHAO_QMAP_ENTRIES = {"ao8": 256, "aofp8": 0, "ao4": 16}  # float32 code tables, one per quantized moment
@@ -506,7 +506,7 @@ def byte_counts(option: LowPrecisionOption, shapes: list[Shape]) -> tuple[int, i
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes held by ``t``: a tensor subclass (torchao's quantized states) by the tensors inside it."""
+    """Bytes held by ``t``: a tensor subclass (torchao's low-precision state) by the tensors inside it."""
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
         return sum(_tensor_bytes(getattr(t, name)) for name in names)

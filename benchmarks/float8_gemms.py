@@ -2,7 +2,7 @@
 (called by ``benchmarks/bench_float8.py``; not a module of its own).
 
 Per M×N×K shape (``SHAPES``), on the same operands (a = x8 [M, K] row-major, b = w8.t()
-with w8 [N, K] contiguous: the forward GEMM's layout, the only one cuBLAS's fp8 GEMM takes):
+with w8 [N, K] contiguous: the forward GEMM's layout, the only one cuBLAS's FP8 GEMM takes):
 
 * bf16 cuBLAS ``torch.mm`` (the ceiling FP8 has to beat);
 * ``torch._scaled_mm`` e4m3, tensorwise (0-d scales) and rowwise ([M, 1] and [1, N] scales), bf16 output;

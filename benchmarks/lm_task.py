@@ -7,7 +7,7 @@ after its input, so the best any model can do is to predict that distribution, a
 the same entropy, the expected cross-entropy of that optimal predictor is ``H(probs)`` whatever the position or the
 walk's start: :meth:`MarkovTask.entropy_floor` (1.208 nats by default, against ln(vocab) for a uniform guess, 4.85
 at vocab 128). A model has to learn a ``vocab x successors`` table, which a tiny Llama does to within a few hundredths
-of a nat of the floor in a few hundred Adam steps, so a low-precision optimizer that loses accuracy shows as a gap.
+of a nat of the floor in a few hundred Adam steps, so low-precision state that loses accuracy shows as a gap.
 """
 
 from __future__ import annotations

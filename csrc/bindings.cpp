@@ -72,6 +72,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("norm_none") = static_cast<int>(ampkernels::NormKind::kNone);
   m.attr("norm_l2") = static_cast<int>(ampkernels::NormKind::kL2);
   m.attr("norm_inf") = static_cast<int>(ampkernels::NormKind::kInf);
+  m.attr("no_clip") = ampkernels::kNoClip;
   // Threads that at::parallel_for runs `tasks` tasks of one item on here (1 when the extension was built without
   // intra-op parallelism: at::parallel_for is inline, so it depends on how this file was compiled, not on torch).
   m.def(
@@ -94,7 +95,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("params"), pybind11::arg("device"))
       .def("refresh", &ampkernels::GradTable::refresh)
       .def("unscale_reduce", &ampkernels::GradTable::unscale_reduce, pybind11::arg("scale"),
-           pybind11::arg("found_inf"), pybind11::arg("factor"), pybind11::arg("write"), pybind11::arg("norm_type"),
+           pybind11::arg("found_inf"), pybind11::arg("factor"), pybind11::arg("write"), pybind11::arg("norm_kind"),
            pybind11::arg("per_tensor"), pybind11::arg("max_norm"), pybind11::arg("revalidate") = true)
       .def("sparse_params", &ampkernels::GradTable::sparse_params)
       .def_property_readonly("rebuilds", &ampkernels::GradTable::rebuilds)

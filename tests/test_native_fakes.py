@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ampkernels import _native_fakes, dispatch
+from ampkernels._constants import NO_CLIP, NormKind
 
 pytestmark = pytest.mark.skipif(dispatch.native() is None, reason="native extension not available")
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.skipif(dispatch.native() is None, reason="native extens
 # csrc/matmul/scaled_matmul_ops.cpp, csrc/float8/float8_ops.cpp).
 SCHEMAS = {
     "unscale_reduce_": "ampkernels::unscale_reduce_(Tensor(a!)[] tensors, Tensor scale, Tensor(b!) found_inf, "
-    "Tensor? factor, bool write, float norm_type, bool per_tensor, float max_norm) -> (Tensor, Tensor, Tensor)",
+    "Tensor? factor, bool write, int norm_kind, bool per_tensor, float max_norm) -> (Tensor, Tensor, Tensor)",
     "update_scale_": "ampkernels::update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, "
     "Tensor(c!) hysteresis_tracker, Tensor found_inf, float growth_factor, float backoff_factor, int growth_interval, "
     "int hysteresis, float min_scale, float max_scale, Tensor(d!)? counters, Tensor(e!)? history) -> ()",
@@ -92,8 +93,8 @@ def test_matmul_fakes_trace_under_fake_tensors():
 # ---- the fakes refuse what the ops refuse ----
 
 
-def _unscale(tensors, scale, found_inf, norm_type=0.0):
-    return torch.ops.ampkernels.unscale_reduce_(tensors, scale, found_inf, None, True, norm_type, True, 1.0)
+def _unscale(tensors, scale, found_inf, kind=NormKind.NONE, max_norm=1.0):
+    return torch.ops.ampkernels.unscale_reduce_(tensors, scale, found_inf, None, True, int(kind), True, max_norm)
 
 
 def _update(scale, growth_tracker, found_inf, hysteresis=1, counters=None, history=None):
@@ -120,8 +121,10 @@ def _mm8(a, b, out, scale_a=None):
 f32 = torch.float32
 REFUSED = {
     # case: (argument, call(make): make(shape, dtype) builds each tensor on the device under test)
-    "norm_type 1": ("norm_type", lambda t: _unscale([t(8, f32)], t(1, f32), t(1, f32), norm_type=1.0)),
-    "norm_type -inf": ("norm_type", lambda t: _unscale([t(8, f32)], t(1, f32), t(1, f32), norm_type=-math.inf)),
+    "norm_kind 3": ("norm_kind", lambda t: _unscale([t(8, f32)], t(1, f32), t(1, f32), kind=3)),
+    "norm_kind -1": ("norm_kind", lambda t: _unscale([t(8, f32)], t(1, f32), t(1, f32), kind=-1)),
+    "max_norm -2": ("max_norm", lambda t: _unscale([t(8, f32)], t(1, f32), t(1, f32), NormKind.L2, -2.0)),
+    "max_norm nan": ("max_norm", lambda t: _unscale([t(8, f32)], t(1, f32), t(1, f32), NormKind.L2, math.nan)),
     "int tensor": ("tensors", lambda t: _unscale([t(8, torch.int32)], t(1, f32), t(1, f32))),
     "scale of 2": ("scale", lambda t: _unscale([t(8, f32)], t(2, f32), t(1, f32))),
     "found_inf float64": ("found_inf", lambda t: _unscale([t(8, f32)], t(1, f32), t(1, torch.float64))),
@@ -167,7 +170,7 @@ def _maker(device):
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_fakes_refuse_what_the_ops_refuse(case):
     """The op on CPU tensors and its fake (meta tensors, and fake tensors under torch.compile's FakeTensorMode) raise
-    the same error for the same argument. The fakes checked nothing: a norm for norm_type=1, a float16 'float8' cast,
+    the same error for the same argument. The fakes checked nothing: a norm of an unknown kind, a float16 'float8' cast,
     and a ValueError for a 3-D x."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -184,8 +187,10 @@ def test_fakes_refuse_what_the_ops_refuse(case):
 def test_fakes_accept_what_the_ops_accept():
     """The fakes' checks let valid calls through (meta tensors), with the outputs' shapes and dtypes."""
     make = _maker("meta")
-    norm, each, coef = _unscale([make(8, f32), make((3, 2), torch.bfloat16)], make(1, f32), make(1, f32), math.inf)
+    norm, each, coef = _unscale([make(8, f32), make((3, 2), torch.bfloat16)], make(1, f32), make(1, f32), NormKind.INF)
     assert (norm.shape, each.shape, coef.shape) == ((), (2,), ())
+    norm, each, coef = _unscale([make(8, f32)], make(1, f32), make(1, f32), NormKind.L2, NO_CLIP)
+    assert (norm.shape, each.shape, coef.shape) == ((), (1,), (0,))  # no clip: no coefficient
     _update(make(1, f32), make(1, torch.int32), make(1, f32), counters=make(2, torch.int64), history=make(4, f32))
     data, data_t, scale_inv = _cast(make((2, 3), torch.bfloat16), per_row=True, write_data=False, write_t=True)
     assert (data.shape, data_t.shape, data_t.dtype, scale_inv.shape) == ((0,), (3, 2), torch.float8_e4m3fn, (3, 1))

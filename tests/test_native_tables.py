@@ -10,7 +10,8 @@ import warnings
 import pytest
 import torch
 
-from ampkernels import FusedAdamW, FusedGradScaler, FusedSGD, dispatch
+from ampkernels import FusedAdamW, FusedGradScaler, FusedSGD, _constants, dispatch
+from ampkernels._constants import NO_CLIP, NormKind, norm_kind
 
 CHUNK = 16384
 
@@ -196,7 +197,8 @@ def test_float64_norms_accumulate_in_float64(device, magnitude, norm_type):
     tensors.append(_randn(CHUNK - 1, device, 9) * 3.0)  # a float32 tensor in the same table
     scale = torch.ones(1, device=device)
     found = torch.zeros(1, device=device)
-    norm, each, _ = torch.ops.ampkernels.unscale_reduce_(tensors, scale, found, None, False, norm_type, True, -1.0)
+    kind = norm_kind(norm_type)
+    norm, each, _ = torch.ops.ampkernels.unscale_reduce_(tensors, scale, found, None, False, kind, True, NO_CLIP)
     want_each = torch.stack([torch.linalg.vector_norm(t.double(), norm_type) for t in tensors])
     want = torch.linalg.vector_norm(want_each, norm_type)
     assert float(found) == 0.0
@@ -206,20 +208,24 @@ def test_float64_norms_accumulate_in_float64(device, magnitude, norm_type):
 
 
 def test_shared_constants_exported(device):
-    """The norm codes and chunk size of csrc/common/constants.h, as the Python side reads them."""
+    """csrc/common/constants.h as ampkernels._C exports it equals its mirror in ampkernels._constants (which the
+    Python and Triton sides use): every NormKind and no other, the no-clip max_norm, the chunk size."""
     native = dispatch.native()
-    assert (native.norm_none, native.norm_l2, native.norm_inf) == (0, 1, 2)
-    assert native.chunk_size == CHUNK
+    exported = {name: getattr(native, name) for name in dir(native) if name.startswith("norm_")}
+    assert exported == {f"norm_{kind.name.lower()}": kind.value for kind in NormKind}
+    assert len(set(exported.values())) == len(NormKind) == 3
+    assert native.no_clip == NO_CLIP < 0  # any max_norm >= 0 is a real clip
+    assert native.chunk_size == _constants.CHUNK == CHUNK
 
 
 # ---- memory the kernels would reach twice, and arguments they would trust ----
 
 
-def _unscale_op(tensors, scale=2.0, write=True, norm_type=0.0, per_tensor=False):
+def _unscale_op(tensors, scale=2.0, write=True, norm_type=None, per_tensor=False):
     device = tensors[0].device
     found = torch.zeros(1, device=device)
     out = torch.ops.ampkernels.unscale_reduce_(
-        tensors, torch.tensor([scale], device=device), found, None, write, norm_type, per_tensor, -1.0
+        tensors, torch.tensor([scale], device=device), found, None, write, norm_kind(norm_type), per_tensor, NO_CLIP
     )
     return found, out
 

@@ -101,20 +101,10 @@ def _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, b
         _check_not_differentiable(fn, "found_inf", found_inf)
     name = dispatch.select("to_float8", x.device, dispatch.check_backend("to_float8", backend))
     x2 = x.detach()  # a cast is not differentiable (Float8Linear defines the gradients)
-    if x2.dtype == torch.float64:
-        x2 = _saturated_float32(x2)
+    if x2.dtype == torch.float64:  # before any backend: each then sees the same float32 tensor
+        x2 = reference.saturate_to_float32(x2)
     x2 = x2 if x2.ndim == 2 else x2.reshape(M, K)
     return x2, scale, name
-
-
-_FLOAT32_MAX = torch.finfo(torch.float32).max
-
-
-def _saturated_float32(x: torch.Tensor) -> torch.Tensor:
-    """float64 ``x`` in float32, its finite values beyond float32's range saturated to its largest (``x.float()``
-    makes them inf, which every backend casts to NaN and flags as non-finite); inf and NaN stay as they are. The
-    casts compute in float32 anyway: every backend then sees the same float32 tensor."""
-    return torch.where(x.isinf(), x, x.clamp(-_FLOAT32_MAX, _FLOAT32_MAX)).float()
 
 
 def _native(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch=None):

@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ampkernels._autograd import first_order
+from ampkernels._constants import FLOAT8_DTYPES
 from ampkernels._modules import buffers_keep_dtype
 from ampkernels.float8.casts import cast_with_produced_amax, to_float8, to_float8_pair
 from ampkernels.float8.fsdp import Float8AllGatherWeight, Float8GatheredWeight, wrap_float8_all_gather
@@ -41,7 +42,7 @@ from ampkernels.float8.reference import float8_max
 from ampkernels.float8.weight_casts import CaptureTracker, WeightCasts
 from ampkernels.matmul.api import scaled_matmul
 
-E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+E4M3, E5M2 = FLOAT8_DTYPES
 RECIPES = ("tensorwise", "rowwise", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 #: The fields of a Float8Recipe that only the delayed recipe reads.
@@ -88,7 +89,7 @@ class Float8Recipe:
         if self.name not in RECIPES:
             raise ValueError(f"ampkernels.float8: argument 'name': expected one of {RECIPES}, got {self.name!r}")
         for field in ("forward_dtype", "backward_dtype"):
-            if getattr(self, field) not in (E4M3, E5M2):
+            if getattr(self, field) not in FLOAT8_DTYPES:
                 raise ValueError(
                     f"ampkernels.float8: argument '{field}': expected torch.float8_e4m3fn or torch.float8_e5m2, "
                     f"got {getattr(self, field)}"

@@ -11,12 +11,12 @@ import math
 
 import torch
 
+from ampkernels._constants import FLOAT8_AMAX_FLOOR
+
 # --------------------------------------------------------------------------------------------------------------------
 # FP8: casts with per-tensor or per-row scales (ampkernels.float8)
 # --------------------------------------------------------------------------------------------------------------------
 
-#: Floor of the amax a scale is computed from (torchao's): an all-zero tensor gets a large finite scale, not inf.
-FLOAT8_AMAX_FLOOR = 1e-12
 FLOAT8_GRANULARITIES = ("tensor", "row")
 
 
@@ -39,6 +39,18 @@ def float8_scale(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0) -> tor
     return torch.where(torch.isfinite(amax), scale, torch.ones_like(scale))
 
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def saturate_to_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x.float()``, except that finite float64 values beyond float32's range saturate to its largest (``x.float()``
+    makes them inf, which would cast to NaN and count as non-finite); inf and NaN stay as they are. The casts compute
+    in float32: every backend takes a float64 input this way."""
+    if x.dtype != torch.float64:
+        return x.float()
+    return torch.where(x.isinf(), x, x.clamp(-_FLOAT32_MAX, _FLOAT32_MAX)).float()
+
+
 def _rows_view(x: torch.Tensor, transpose: bool) -> torch.Tensor:
     """``x`` as the [R, C] matrix a cast writes: [..., K] flattened to [M, K], or its transpose [K, M]."""
     x2 = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
@@ -46,9 +58,10 @@ def _rows_view(x: torch.Tensor, transpose: bool) -> torch.Tensor:
 
 
 def float8_amax(x: torch.Tensor, granularity: str = "tensor", transpose: bool = False) -> torch.Tensor:
-    """``max |x|`` in float32 (NaN if ``x`` holds a NaN): 0-d for ``"tensor"``, [R, 1] per row of the matrix the
-    cast writes (rows of ``x.reshape(-1, K)``, or of its transpose with ``transpose``) for ``"row"``."""
-    xf = _rows_view(x, transpose).float().abs()
+    """``max |x|`` in float32 (of :func:`saturate_to_float32`'s ``x``; NaN if ``x`` holds a NaN): 0-d for
+    ``"tensor"``, [R, 1] per row of the matrix the cast writes (rows of ``x.reshape(-1, K)``, or of its transpose
+    with ``transpose``) for ``"row"``."""
+    xf = saturate_to_float32(_rows_view(x, transpose)).abs()
     if granularity == "tensor":
         return xf.amax() if xf.numel() else xf.new_zeros(())
     return xf.amax(dim=1, keepdim=True) if xf.shape[1] else xf.new_zeros((xf.shape[0], 1))
@@ -81,17 +94,18 @@ def to_float8(
     * The scale: ``scale`` when given (delayed scaling: float32, one element for ``"tensor"``, [R, 1] for ``"row"``),
       else :func:`float8_scale` of :func:`float8_amax` (current scaling; per row of the written matrix for
       ``"row"``).
-    * ``data = (x.float() * scale)`` clamped to ``±float8_max(dtype)`` (saturating: a finite value never becomes
-      inf or NaN) and rounded to ``dtype`` by torch's conversion (round to nearest even); a non-finite element of
-      ``x`` becomes NaN in either format, so it reaches the product and the scaler's check instead of being
-      saturated away. ``data`` is contiguous: [M, K], or [K, M] with ``transpose``.
+    * ``data = (x.float() * scale)`` (for float64, :func:`saturate_to_float32` in place of ``x.float()``) clamped
+      to ``±float8_max(dtype)`` (saturating: a finite value never becomes inf or NaN) and rounded to ``dtype`` by
+      torch's conversion (round to nearest even); a non-finite element of ``x`` becomes NaN in either format, so it
+      reaches the product and the scaler's check instead of being saturated away. ``data`` is contiguous: [M, K],
+      or [K, M] with ``transpose``.
     * Returns ``(data, scale_inv)`` with ``scale_inv = 1 / scale`` (float32; 0-d for ``"tensor"``, [R, 1] for
       ``"row"``), the dequantization factor ``torch._scaled_mm`` takes: ``x ≈ data.float() * scale_inv``.
     * ``amax_out`` (float32, the amax's shape): becomes ``max(amax_out, amax of x)`` when that amax is finite, and is
       left alone otherwise (the delayed-scaling record of this pass). ``found_inf`` (float32, one element): set to
       1.0 when the amax is not finite (``x`` holds an inf or NaN); never cleared.
     """
-    xf = _rows_view(x, transpose).float()
+    xf = saturate_to_float32(_rows_view(x, transpose))
     amax = float8_amax(x, granularity, transpose)
     s = float8_scale(amax, dtype) if scale is None else scale.float().reshape(amax.shape)
     limit = float8_max(dtype)

@@ -68,7 +68,7 @@ class _AcceleratedOptimizer(AcceleratedOptimizer):
         if scaler is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
             # The scaler decides on the host whether to call step() (a host sync of its own): stock inference works.
             return super().step(closure)
-        # The optimizer takes the scale and the skip flag on the device, so step() is always called: keep the
+        # The optimizer takes the scale and the non-finite flag on the device, so step() is always called: keep the
         # step's non-finite flags (the scaler forgets them at update()) for step_was_skipped to read when asked.
         scaler.step(optimizer, closure)
         self._ampkernels_found_inf = list(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())

@@ -611,7 +611,7 @@ def _scaled_matmul_float8(
             raise _error("backend", f"'cublas': {reason}; backend 'triton' or 'auto' takes any shape")
     if name == "wgmma" and K % 16:
         raise _error(
-            "backend", f"'wgmma': the fp8 kernel needs K multiples of 16, got K={K}; 'triton' or 'auto' takes any shape"
+            "backend", f"'wgmma': the FP8 kernel needs K multiples of 16, got K={K}; 'triton' or 'auto' takes any shape"
         )
     rows = (*a.shape[:-1], 1)
     caller_factors = {"scale_a": scale_a, "scale_b": scale_b}  # for the overlap check: before any copy

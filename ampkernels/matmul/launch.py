@@ -147,14 +147,14 @@ def clear_caches() -> None:
 
 
 def cublas_refuses(K: int, N: int, device: torch.device) -> str | None:
-    """Why ``torch._scaled_mm`` cannot take this problem on ``device`` (None when it can): cuBLAS's fp8 GEMM wants K
+    """Why ``torch._scaled_mm`` cannot take this problem on ``device`` (None when it can): cuBLAS's FP8 GEMM wants K
     and N multiples of 16 (torch's CPU kernel takes any shape)."""
     if device.type == "cuda" and (K % 16 or N % 16):
         return f"torch._scaled_mm (cuBLAS) needs K and N multiples of 16, got K={K}, N={N}"
     return None
 
 
-# NOTE: "fast accumulation" keeps the whole K loop in the tensor cores' reduced-precision fp8 accumulator (the fp8
+# NOTE: "fast accumulation" keeps the whole K loop in the tensor cores' reduced-precision FP8 accumulator (the FP8
 # wgmma kernel always; cuBLAS with use_fast_accum=True). Its error stays within the accuracy rule (at most 2x
 # torch._scaled_mm's default) for bf16 outputs up to K = 8192, where the output's rounding dominates, and not for fp16
 # or fp32 outputs (dev/float8/NOTES.md). It runs faster in cuBLAS (dev/matmul/wgmma/NOTES.md), so it is used where it
@@ -164,12 +164,12 @@ FAST_ACCUMULATION_MAX_K = 8192
 
 
 def fast_accumulation_ok(K: int, out_dtype: torch.dtype) -> bool:
-    """Whether fast fp8 accumulation stays within 2x torch._scaled_mm's default error for this K and output dtype."""
+    """Whether fast FP8 accumulation stays within 2x torch._scaled_mm's default error for this K and output dtype."""
     return out_dtype == torch.bfloat16 and K <= FAST_ACCUMULATION_MAX_K
 
 
 def wgmma_float8_takes(a: torch.Tensor) -> bool:
-    """The native fp8 kernel's operand rule: K a positive multiple of 16 (TMA copies rows of 16-byte multiples)."""
+    """The native FP8 kernel's operand rule: K a positive multiple of 16 (TMA copies rows of 16-byte multiples)."""
     return a.shape[1] > 0 and a.shape[1] % 16 == 0
 
 
@@ -193,7 +193,7 @@ def float8_auto_backend(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, 
         and (name != "wgmma" or (fast_accumulation_ok(K, out.dtype) and wgmma_float8_takes(a)))
     )
     if len(candidates) > 1 and ("cublas" in candidates or "wgmma" in candidates):
-        # NOTE: Triton's fp8 GEMM measured the slowest backend on all six training shapes, and timing it compiles
+        # NOTE: Triton's FP8 GEMM measured the slowest backend on all six training shapes, and timing it compiles
         # its configs, most of a Float8Linear model's first step (dev/float8/NOTES.md). It runs where neither native
         # backend takes the problem.
         candidates = tuple(name for name in candidates if name != "triton")
@@ -262,8 +262,8 @@ def _row_major(t: torch.Tensor) -> bool:
 
 
 def _k_major(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """a row-major, b column-major (both "K-major"), 16-byte aligned, copied where they are not: the layout fp8
-    wgmma reads from shared memory and the only one cuBLAS's fp8 GEMM takes. The hot GEMMs of a float8 Linear come
+    """a row-major, b column-major (both "K-major"), 16-byte aligned, copied where they are not: the layout FP8
+    wgmma reads from shared memory and the only one cuBLAS's FP8 GEMM takes. The hot GEMMs of a float8 Linear come
     in it (b = w8.t()); the others pay one copy of an operand."""
     if not _row_major(a):
         a = a.clone(memory_format=torch.contiguous_format)

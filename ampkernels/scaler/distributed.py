@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from ampkernels._constants import NormKind
+
 
 def is_dtensor(t: torch.Tensor) -> bool:
     # DTensor (FSDP2's sharded parameters and gradients) is a wrapper without storage; the kernels run on its
@@ -42,14 +44,18 @@ def group_size(process_group: Any) -> int:
 
 
 def all_reduce(
-    found_per_device: dict, device: torch.device, process_group: Any, norms: list | None = None, norm_type: float = 2.0
+    found_per_device: dict,
+    device: torch.device,
+    process_group: Any,
+    norms: list | None = None,
+    kind: NormKind = NormKind.L2,
 ):
     """Make ``found_per_device`` (in place) and the gradient norm global over the process group.
 
     One all-reduce of ``[non-finite flag, norm statistic]`` in float64: summed for the 2-norm (the statistic is
     the local sum of squares), max for the inf-norm (the statistic is the local max). Every rank must call it
     the same number of times, also a rank whose optimizer holds no gradient. Returns the global norm, a 0-d
-    float32 tensor, when ``norms`` (this rank's per-device norms) is given.
+    float32 tensor, when ``norms`` (this rank's per-device ``kind`` norms) is given.
     """
     import torch.distributed as dist
 
@@ -59,9 +65,9 @@ def all_reduce(
         stat = torch.zeros((), dtype=torch.float64, device=device)
     else:
         each = torch.stack([n.to(device, torch.float64, non_blocking=True) for n in norms])
-        stat = each.square().sum() if norm_type == 2.0 else each.max()
+        stat = each.square().sum() if kind is NormKind.L2 else each.max()
     buf = torch.stack([flag, stat])
-    op = dist.ReduceOp.SUM if norm_type == 2.0 else dist.ReduceOp.MAX
+    op = dist.ReduceOp.SUM if kind is NormKind.L2 else dist.ReduceOp.MAX
     dist.all_reduce(buf, op=op, group=process_group)
     global_flag = buf[0].float()
     for found in found_per_device.values():
@@ -70,4 +76,4 @@ def all_reduce(
         found_per_device[device] = global_flag  # the skip decision of the other ranks, recorded for update()
     if norms is None:
         return None
-    return (buf[1].sqrt() if norm_type == 2.0 else buf[1]).float()
+    return (buf[1].sqrt() if kind is NormKind.L2 else buf[1]).float()

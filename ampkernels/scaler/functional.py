@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from ampkernels import dispatch
+from ampkernels._constants import NO_CLIP, NormKind, norm_kind
 from ampkernels.scaler import library as _library  # noqa: F401  (registers the native ops' fakes)
 from ampkernels.scaler import reference
 
@@ -28,15 +29,6 @@ class UnscaleResult(NamedTuple):
     norm: torch.Tensor | None  # 0-d float32: the norm of all unscaled values
     per_tensor_norms: torch.Tensor | None  # [len(tensors)] float32
     clip_coef: torch.Tensor | None  # 0-d float32: min(max_norm / (norm + 1e-6), 1)
-
-
-def _norm_code(norm_type: float | None) -> float:
-    if norm_type is None:
-        return 0.0
-    norm_type = float(norm_type)
-    if norm_type == 2.0 or (math.isinf(norm_type) and norm_type > 0):
-        return norm_type
-    raise ValueError(f"ampkernels: argument 'norm_type': the fused kernels compute 2 and inf norms, got {norm_type}")
 
 
 _TENSOR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -192,14 +184,13 @@ def unscale_reduce_(
     _not_written_outside_autograd(found_inf, "found_inf")
     if factor is not None:
         _check_scalar(factor, "factor", device)
-    code = _norm_code(norm_type)
+    kind = norm_kind(norm_type)
     if max_norm is not None:
-        if norm_type is None:
+        if kind is NormKind.NONE:
             raise ValueError("ampkernels: argument 'max_norm': a clip coefficient needs norm_type")
         _check_real(max_norm, "max_norm")
-        # NOTE: the native op reads a negative max_norm as "no coefficient" (it returns an empty tensor), and a
-        # negative or NaN coefficient would flip or poison every gradient: refused on every backend, as
-        # FusedGradScaler.clip_grad_norm_ refuses it.
+        # NOTE: a negative or NaN coefficient would flip or poison every gradient (and NO_CLIP would read as "no
+        # coefficient" on the native op): refused on every backend, as FusedGradScaler.clip_grad_norm_ refuses it.
         if not max_norm >= 0:
             raise ValueError(f"ampkernels: argument 'max_norm': must be >= 0, got {max_norm}")
     tensors = list(tensors)
@@ -207,9 +198,16 @@ def unscale_reduce_(
     name = dispatch.select("unscale_reduce_", device, backend)
     if name == "native":
         norm, each, coef = torch.ops.ampkernels.unscale_reduce_(
-            tensors, scale, found_inf, factor, write, code, per_tensor, -1.0 if max_norm is None else float(max_norm)
+            tensors,
+            scale,
+            found_inf,
+            factor,
+            write,
+            int(kind),
+            per_tensor,
+            NO_CLIP if max_norm is None else float(max_norm),
         )
-        has_norm = code != 0.0
+        has_norm = kind is not NormKind.NONE
         return UnscaleResult(
             norm if has_norm else None,
             each if has_norm and per_tensor else None,

@@ -26,6 +26,7 @@ import torch
 from torch.amp.grad_scaler import GradScaler, OptState, _refresh_per_optimizer_state
 
 from ampkernels import dispatch
+from ampkernels._constants import NO_CLIP, NormKind, norm_kind
 from ampkernels.scaler import distributed, functional, reference
 from ampkernels.scaler import state as scale_state
 
@@ -64,7 +65,7 @@ class _TorchGradTable:
     def sparse_params(self) -> list[int]:
         return self._sparse
 
-    def unscale_reduce(self, scale, found_inf, factor, write, norm_type, per_tensor, max_norm, revalidate=True):
+    def unscale_reduce(self, scale, found_inf, factor, write, kind, per_tensor, max_norm, revalidate=True):
         grads, index, spans, self._sparse = [], [], [], []
         expanded = None
         for i, p in enumerate(self.params):
@@ -101,9 +102,9 @@ class _TorchGradTable:
             found_inf,
             factor=factor,
             write=write,
-            norm_type=norm_type or None,
+            norm_type=NormKind(kind).norm_type,
             per_tensor=per_tensor,
-            max_norm=None if max_norm < 0 else max_norm,
+            max_norm=None if max_norm == NO_CLIP else max_norm,
             backend=self.backend,
         )
         each = res.per_tensor_norms
@@ -301,14 +302,16 @@ class FusedGradScaler(GradScaler):
         write: bool,
         scale: torch.Tensor | None = None,
         factor: torch.Tensor | None = None,
-        norm_type: float = 0.0,
-        max_norm: float = -1.0,
+        kind: NormKind = NormKind.NONE,
+        max_norm: float | None = None,
         revalidate: bool = True,
     ):
         """Run the fused kernel over every gradient of ``optimizer``.
 
-        ``scale`` defaults to the loss scale. Returns ``({device: found_inf}, [(device, norm, coef)])``.
+        ``scale`` defaults to the loss scale; ``kind`` the norm to take, ``max_norm`` (None: no clip) the clip
+        coefficient's. Returns ``({device: found_inf}, [(device, norm, coef)])``.
         """
+        clip = NO_CLIP if max_norm is None else max_norm
         found_per_device: dict[torch.device, torch.Tensor] = {}
         results = []
         with torch.no_grad():
@@ -316,10 +319,10 @@ class FusedGradScaler(GradScaler):
                 s = self._scale_on(device) if scale is None else dispatch.to_kernel_device(scale, device)
                 f = None if factor is None else dispatch.to_kernel_device(factor, device)
                 found = torch.zeros((), dtype=torch.float32, device=device)
-                norm, _, coef = table.unscale_reduce(s, found, f, write, norm_type, False, max_norm, revalidate)
+                norm, _, coef = table.unscale_reduce(s, found, f, write, int(kind), False, clip, revalidate)
                 sparse = table.sparse_params()
                 if sparse:
-                    if norm_type:
+                    if kind is not NormKind.NONE:
                         raise RuntimeError(
                             f"FusedGradScaler.clip_grad_norm_: parameter {sparse[0]} has a sparse gradient; "
                             "clip sparse gradients with torch.nn.utils.clip_grad_norm_ after unscale_()"
@@ -348,9 +351,9 @@ class FusedGradScaler(GradScaler):
     def _group_size(self) -> int:
         return distributed.group_size(self._process_group)
 
-    def _all_reduce(self, found_per_device: dict, norms: list | None = None, norm_type: float = 2.0):
+    def _all_reduce(self, found_per_device: dict, norms: list | None = None, kind: NormKind = NormKind.L2):
         """:func:`ampkernels.scaler.distributed.all_reduce` over this scaler's process group."""
-        return distributed.all_reduce(found_per_device, self._scale.device, self._process_group, norms, norm_type)
+        return distributed.all_reduce(found_per_device, self._scale.device, self._process_group, norms, kind)
 
     # ---- GradScaler API ----
 
@@ -449,7 +452,11 @@ class FusedGradScaler(GradScaler):
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("clip_grad_norm_() is being called after step().")
-        if norm_type != 2.0 and not (math.isinf(norm_type) and norm_type > 0):
+        try:
+            kind = norm_kind(norm_type)
+        except ValueError:  # a norm the kernels do not compute: torch's clip, after a fused unscale_
+            kind = None
+        if kind is None:
             if self._group_size() > 1:
                 raise NotImplementedError(
                     f"FusedGradScaler.clip_grad_norm_: norm_type={norm_type} is not supported with a process_group "
@@ -479,13 +486,13 @@ class FusedGradScaler(GradScaler):
             divisor = torch.ones((), dtype=torch.float32, device=self._scale.device)
         distributed = self._group_size() > 1
         found_per_device, results = self._fused_pass(
-            optimizer, write=False, scale=divisor, norm_type=norm_type, max_norm=-1.0 if distributed else max_norm
+            optimizer, write=False, scale=divisor, kind=kind, max_norm=None if distributed else max_norm
         )
         if distributed:  # the global norm and skip decision: one all-reduce
-            norm = self._all_reduce(found_per_device, [n for _, n, _ in results], norm_type)
+            norm = self._all_reduce(found_per_device, [n for _, n, _ in results], kind)
             coef = reference.clip_coef(norm, max_norm)
         else:
-            norm, coef = self._combine_norms(results, norm_type, max_norm)
+            norm, coef = self._combine_norms(results, kind, max_norm)
         if defer:
             base = self._scale if divisor is None else divisor
             state[_PENDING] = base / coef
@@ -498,7 +505,7 @@ class FusedGradScaler(GradScaler):
         self._last_grad_norm = norm
         return norm
 
-    def _combine_norms(self, results, norm_type: float, max_norm: float):
+    def _combine_norms(self, results, kind: NormKind, max_norm: float):
         """The total norm and clip coefficient over devices (one device: straight from the kernel)."""
         if len(results) == 1:
             _, norm, coef = results[0]
@@ -506,7 +513,7 @@ class FusedGradScaler(GradScaler):
         dev = self._scale.device
         if not results:
             norm = torch.zeros((), dtype=torch.float32, device=dev)
-        elif norm_type == 2.0:
+        elif kind is NormKind.L2:
             norm = torch.stack([n.to(dev) for _, n, _ in results]).double().pow(2).sum().sqrt().float()
         else:
             norm = torch.stack([n.to(dev) for _, n, _ in results]).max()

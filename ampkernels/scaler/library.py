@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from ampkernels._constants import NO_CLIP, NormKind
 from ampkernels._native_fakes import check, check_scalar_float, native_fake
 
 _GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -14,7 +13,7 @@ _INT32_MAX = 2**31 - 1
 
 
 @native_fake("unscale_reduce_")
-def _unscale_reduce_fake(tensors, scale, found_inf, factor, write, norm_type, per_tensor, max_norm):
+def _unscale_reduce_fake(tensors, scale, found_inf, factor, write, norm_kind, per_tensor, max_norm):
     dev = found_inf.device
     check_scalar_float(scale, "scale")
     check_scalar_float(found_inf, "found_inf")
@@ -30,15 +29,20 @@ def _unscale_reduce_fake(tensors, scale, found_inf, factor, write, norm_type, pe
         )
         check(t.device == dev, "tensors", lambda i=i, t=t: f"element {i} is on {t.device} but found_inf is on {dev}")
     check(
-        norm_type in (0.0, 2.0, math.inf),
-        "norm_type",
-        lambda: f"the fused kernels compute the 2-norm and the inf-norm, got {norm_type}",
+        norm_kind in tuple(NormKind),
+        "norm_kind",
+        lambda: f"expected a NormKind: 0 (none), 1 (2-norm) or 2 (inf-norm), got {norm_kind}",
+    )
+    check(
+        max_norm >= 0 or max_norm == NO_CLIP,
+        "max_norm",
+        lambda: f"expected >= 0, or {NO_CLIP:g} (no clip coefficient), got {max_norm:g}",
     )
     empty = torch.empty(0, dtype=torch.float32, device=dev)
-    has_norm = norm_type != 0.0
+    has_norm = norm_kind != NormKind.NONE
     norm = torch.empty((), dtype=torch.float32, device=dev) if has_norm else empty
     each = torch.empty(len(tensors), dtype=torch.float32, device=dev) if has_norm and per_tensor else empty
-    coef = torch.empty((), dtype=torch.float32, device=dev) if has_norm and max_norm >= 0 else empty
+    coef = torch.empty((), dtype=torch.float32, device=dev) if has_norm and max_norm != NO_CLIP else empty
     return norm, each, coef
 
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ampkernels._constants import NormKind, norm_kind
+
 #: Smallest normal float32: the default floor of the loss scale (stock halves on to 0 and then skips forever).
 FLOAT32_TINY = 2.0**-126
 
@@ -41,8 +43,7 @@ def unscale_reduce_(
     ``None`` when not requested. Norms are accumulated in float64 here; the kernels accumulate a 16/32-bit
     tensor's in float32 and a float64 tensor's in float64.
     """
-    if norm_type is not None and norm_type != 2.0 and not math.isinf(norm_type):
-        raise ValueError(f"norm_type must be 2.0 or inf, got {norm_type}")
+    kind = norm_kind(norm_type)
     dev = found_inf.device
     inv = inv_scale_of(scale)
     flags, norms = [], []
@@ -53,9 +54,9 @@ def unscale_reduce_(
             v = v * factor.to(g.device, math_dtype)
         if g.numel():
             flags.append(torch.isfinite(g).all().logical_not().to(dev))
-        if norm_type is not None:
+        if kind is not NormKind.NONE:
             vd = v.to(g.dtype).double()  # the norm of the unscaled value as stored in the tensor's dtype
-            if norm_type == 2.0:
+            if kind is NormKind.L2:
                 norms.append(vd.pow(2).sum().to(dev))
             else:
                 norms.append((vd.abs().max() if vd.numel() else vd.new_zeros(())).to(dev))
@@ -64,10 +65,10 @@ def unscale_reduce_(
     if flags:
         any_bad = torch.stack(flags).any().reshape(found_inf.shape)
         found_inf.copy_(torch.where(any_bad, torch.ones_like(found_inf), found_inf))
-    if norm_type is None:
+    if kind is NormKind.NONE:
         return None, None
     stacked = torch.stack(norms) if norms else torch.zeros(0, dtype=torch.float64, device=dev)
-    if norm_type == 2.0:
+    if kind is NormKind.L2:
         total, each = stacked.sum().sqrt(), stacked.sqrt()
     else:
         total, each = (stacked.max() if stacked.numel() else stacked.new_zeros(())), stacked

@@ -6,8 +6,12 @@
 
 namespace ampkernels {
 
-// Which norm a reduction computes. The numbers are part of the interface: the Python side passes and reports them.
+// Which norm a reduction computes. The numbers are part of the interface: the ops take them (argument norm_kind)
+// from ampkernels._constants.NormKind, which mirrors this enum.
 enum class NormKind : int { kNone = 0, kL2 = 1, kInf = 2 };
+
+// The max_norm that asks for no clip coefficient (ampkernels._constants.NO_CLIP; Python APIs say None).
+constexpr double kNoClip = -1.0;
 
 // Elements per chunk of a tensor table (one CUDA block, one CPU task). NOTE: 16K elements keeps a grid's last round
 // short (BERT-base: 6.7k chunks over ~1k resident blocks) and is 16 loads of 16 bytes per thread of 256 for fp32,

@@ -41,7 +41,7 @@ namespace ampkernels {
 namespace cuda {
 namespace {
 
-// Floor of the amax a scale is computed from (reference.FLOAT8_AMAX_FLOOR).
+// Floor of the amax a scale is computed from (ampkernels._constants.FLOAT8_AMAX_FLOOR).
 constexpr float kAmaxFloor = 1e-12f;
 constexpr int kLoadsInFlight = 4;
 constexpr int kAmaxLoadsInFlight = 8;  // the flat amax pass: 8 x 16 bytes per thread, no registers to spare for more

@@ -10,7 +10,7 @@ namespace ampkernels {
 
 // The checked arguments of one cast of a [M, K] matrix x (any strides) to float8.
 struct Float8CastArgs {
-  at::Tensor x;                         // [M, K], float32 / bfloat16 / float16 / float64, at least one element
+  at::Tensor x;                         // [M, K], float32 / bfloat16 / float16, at least one element
   at::ScalarType dtype;                 // kFloat8_e4m3fn or kFloat8_e5m2
   bool per_row = false;                 // one scale per row of the written matrix (of x, or of x.T with write_t)
   bool write_data = true;               // write [M, K]

@@ -3,11 +3,22 @@
 // ampkernels/_native_fakes.py.
 #include <torch/library.h>
 
+#include <limits>
+
 #include "common/checks.h"
 #include "float8/casts.h"
 
 namespace ampkernels {
 namespace {
+
+#ifdef AMPK_WITH_CUDA
+// float64 x in float32 as ampkernels.reference.saturate_to_float32 takes it: float(x) would make finite values
+// beyond float32's range inf (NaN codes, found_inf set); inf and NaN stay as they are.
+at::Tensor saturate_to_float32(const at::Tensor& x) {
+  const double largest = std::numeric_limits<float>::max();
+  return at::where(x.isinf(), x, x.clamp(-largest, largest)).to(at::kFloat);
+}
+#endif
 
 void check_per_row_vector(const std::optional<at::Tensor>& t, const char* arg, const at::Tensor& x, int64_t count,
                           bool contiguous) {
@@ -18,12 +29,12 @@ void check_per_row_vector(const std::optional<at::Tensor>& t, const char* arg, c
   AMPK_CHECK_ARG(!contiguous || t->is_contiguous(), arg, "must be contiguous, got strides ", list_of(t->strides()));
 }
 
-// Args: x [M, K] float32/bfloat16/float16/float64 with at least one element, any strides; dtype float8_e4m3fn or
-// float8_e5m2; per_row (one scale per row of the written matrix: of x, or of x.T with write_t); write_data /
-// write_t: write [M, K] / [K, M] (both: the tensorwise pair); scale: float32 contiguous, 1 element or one per row
-// (delayed scaling) or None (current scaling); amax_out: float32 contiguous of the amax's size or None; found_inf:
-// float32, 1 element, or None; amax_scratch: int32 [3] holding x's amax as a producer kernel reduced it (tensorwise
-// current scaling only) or None.
+// Args: x [M, K] float32/bfloat16/float16/float64 (taken in float32, finite values beyond its range saturated) with
+// at least one element, any strides; dtype float8_e4m3fn or float8_e5m2; per_row (one scale per row of the written
+// matrix: of x, or of x.T with write_t); write_data / write_t: write [M, K] / [K, M] (both: the tensorwise pair);
+// scale: float32 contiguous, 1 element or one per row (delayed scaling) or None (current scaling); amax_out: float32
+// contiguous of the amax's size or None; found_inf: float32, 1 element, or None; amax_scratch: int32 [3] holding x's
+// amax as a producer kernel reduced it (tensorwise current scaling only) or None.
 // Returns: (data [M, K] or [0], data_t [K, M] or [0], scale_inv 0-d or [R, 1]) as ampkernels.reference.to_float8,
 // bit for bit; amax_out and found_inf updated in place on the device.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> to_float8_native(
@@ -52,7 +63,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> to_float8_native(
   }
 #ifdef AMPK_WITH_CUDA
   if (x.is_cuda()) {
-    Float8CastArgs args{x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch};
+    const at::Tensor xs = t == at::kDouble ? saturate_to_float32(x) : x;
+    Float8CastArgs args{xs, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch};
     return float8_cast_cuda(args);
   }
 #endif

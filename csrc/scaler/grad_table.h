@@ -37,7 +37,7 @@ class AMPK_HIDDEN GradTable {
 
   std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_reduce(const at::Tensor& scale, const at::Tensor& found_inf,
                                                                 const std::optional<at::Tensor>& factor, bool write,
-                                                                double norm_type, bool per_tensor, double max_norm,
+                                                                int64_t norm_kind, bool per_tensor, double max_norm,
                                                                 bool revalidate) {
     // revalidate=false: the caller knows the gradients cannot have changed since the last call (two passes of one
     // clip_grad_norm_), which saves re-reading every parameter.
@@ -49,7 +49,7 @@ class AMPK_HIDDEN GradTable {
         AMPK_CHECK_ARG(at::has_internal_overlap(params_[i].grad()) != at::MemOverlap::Yes, "params", "parameter ",
                        i, " has a gradient whose elements share memory (an expanded tensor?), which cannot be "
                        "unscaled in place; give it a gradient of its own (.clone())");
-    UnscaleReduceArgs a = make_args(scale, found_inf, factor, write, norm_type, max_norm);
+    UnscaleReduceArgs a = make_args(scale, found_inf, factor, write, norm_kind, max_norm);
     auto outputs = make_outputs(a, static_cast<int64_t>(params_.size()), per_tensor, device_);
     for (auto& [i, copy] : staged_) copy.copy_(params_[i].grad());
     launch_unscale_reduce(*table_, a);

@@ -25,8 +25,8 @@ struct UnscaleReduceArgs {
   NormKind norm = NormKind::kNone;
   at::Tensor norm_out;        // float32 [] (needs norm != kNone)
   at::Tensor per_tensor_out;  // float32 [num_tensors] in the caller's order (needs norm != kNone)
-  double max_norm = -1.0;  // < 0: no clip coefficient
-  at::Tensor coef_out;        // float32 [] clip coefficient (needs norm != kNone and max_norm >= 0)
+  double max_norm = kNoClip;  // >= 0, or kNoClip: no clip coefficient
+  at::Tensor coef_out;        // float32 [] clip coefficient (needs norm != kNone and max_norm != kNoClip)
   // float64 [num_chunks, 2]: per-chunk (non-finite flag, partial norm), this call's own (launch_unscale_reduce
   // allocates it). float64 so that float64 tensors' partial sums of squares neither overflow nor underflow (float32
   // partials are stored exactly).
@@ -37,12 +37,11 @@ void unscale_reduce_cpu(const TensorTable& table, const UnscaleReduceArgs& args)
 // The kernel of the table's device (scaler_ops.cpp).
 void launch_unscale_reduce(const TensorTable& table, const UnscaleReduceArgs& args);
 
-// Shared by the op and GradTable (scaler_ops.cpp). norm_type: 0 (none), 2 or inf.
-NormKind norm_kind_of(double norm_type);
+// Shared by the op and GradTable (scaler_ops.cpp). norm_kind: a NormKind value; max_norm: >= 0 or kNoClip.
 void check_scalars(const at::Tensor& scale, const at::Tensor& found_inf, const std::optional<at::Tensor>& factor,
                    at::Device device);
 UnscaleReduceArgs make_args(const at::Tensor& scale, const at::Tensor& found_inf,
-                            const std::optional<at::Tensor>& factor, bool write, double norm_type, double max_norm);
+                            const std::optional<at::Tensor>& factor, bool write, int64_t norm_kind, double max_norm);
 // Allocates the outputs requested by (a.norm, per_tensor, a.max_norm) and points `a` at them; empty tensors stand
 // for "not requested". Returns (norm, per-tensor norms, clip coefficient).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> make_outputs(UnscaleReduceArgs& a, int64_t num_per_tensor,

@@ -4,7 +4,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cmath>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -18,14 +17,6 @@
 #include "scaler/scaler.h"
 
 namespace ampkernels {
-
-NormKind norm_kind_of(double norm_type) {
-  if (norm_type == 0.0) return NormKind::kNone;
-  if (norm_type == 2.0) return NormKind::kL2;
-  if (std::isinf(norm_type) && norm_type > 0) return NormKind::kInf;
-  AMPK_CHECK_ARG(false, "norm_type", "the fused kernels compute the 2-norm and the inf-norm, got ", norm_type);
-  return NormKind::kNone;  // unreachable
-}
 
 void launch_unscale_reduce(const TensorTable& table, const UnscaleReduceArgs& call) {
   // The scratch is this call's, not the table's: a cached table is shared by every call on its list, and two of
@@ -62,18 +53,23 @@ void check_scalars(const at::Tensor& scale, const at::Tensor& found_inf, const s
 }
 
 UnscaleReduceArgs make_args(const at::Tensor& scale, const at::Tensor& found_inf,
-                            const std::optional<at::Tensor>& factor, bool write, double norm_type, double max_norm) {
+                            const std::optional<at::Tensor>& factor, bool write, int64_t norm_kind, double max_norm) {
+  AMPK_CHECK_ARG(norm_kind >= static_cast<int>(NormKind::kNone) && norm_kind <= static_cast<int>(NormKind::kInf),
+                 "norm_kind", "expected a NormKind: 0 (none), 1 (2-norm) or 2 (inf-norm), got ", norm_kind);
+  // NaN fails both tests.
+  AMPK_CHECK_ARG(max_norm >= 0 || max_norm == kNoClip, "max_norm", "expected >= 0, or ", kNoClip,
+                 " (no clip coefficient), got ", max_norm);
   UnscaleReduceArgs a;
   a.scale = scale;
   a.found_inf = found_inf;
   if (factor.has_value()) a.factor = *factor;
   a.write = write;
-  a.norm = norm_kind_of(norm_type);
+  a.norm = static_cast<NormKind>(norm_kind);
   a.max_norm = max_norm;
   return a;
 }
 
-// Outputs requested by (norm_type, per_tensor, max_norm); empty tensors stand for "not requested".
+// Outputs requested by (norm_kind, per_tensor, max_norm); empty tensors stand for "not requested".
 std::tuple<at::Tensor, at::Tensor, at::Tensor> make_outputs(UnscaleReduceArgs& a, int64_t num_per_tensor,
                                                             bool per_tensor, at::Device device) {
   const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
@@ -82,7 +78,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> make_outputs(UnscaleReduceArgs& a
     norm = a.norm_out = at::empty({}, opts);
     // zeros: entries of parameters without a gradient stay 0
     if (per_tensor) each = a.per_tensor_out = at::zeros({num_per_tensor}, opts);
-    if (a.max_norm >= 0) coef = a.coef_out = at::empty({}, opts);
+    if (a.max_norm != kNoClip) coef = a.coef_out = at::empty({}, opts);
   }
   return {norm, each, coef};
 }
@@ -130,7 +126,7 @@ struct TableCache {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_reduce_(at::TensorList tensors, const at::Tensor& scale,
                                                                const at::Tensor& found_inf,
                                                                const std::optional<at::Tensor>& factor, bool write,
-                                                               double norm_type, bool per_tensor, double max_norm) {
+                                                               int64_t norm_kind, bool per_tensor, double max_norm) {
   const at::Device device = found_inf.device();
   check_scalars(scale, found_inf, factor, device);
   std::vector<at::Tensor> dense;
@@ -175,7 +171,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_reduce_(at::TensorList te
                  "each tensor once, or write=False");
   const TensorTable* table = cached.table.get();
 
-  UnscaleReduceArgs a = make_args(scale, found_inf, factor, write, norm_type, max_norm);
+  UnscaleReduceArgs a = make_args(scale, found_inf, factor, write, norm_kind, max_norm);
   auto outputs = make_outputs(a, static_cast<int64_t>(tensors.size()), per_tensor, device);
   launch_unscale_reduce(*table, a);
   if (write)
@@ -235,7 +231,7 @@ void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, co
 TORCH_LIBRARY_FRAGMENT(ampkernels, m) {
   m.def(
       "unscale_reduce_(Tensor(a!)[] tensors, Tensor scale, Tensor(b!) found_inf, Tensor? factor, bool write, "
-      "float norm_type, bool per_tensor, float max_norm) -> (Tensor, Tensor, Tensor)");
+      "int norm_kind, bool per_tensor, float max_norm) -> (Tensor, Tensor, Tensor)");
   m.def(
       "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, Tensor found_inf, "
       "float growth_factor, float backoff_factor, int growth_interval, int hysteresis, float min_scale, "

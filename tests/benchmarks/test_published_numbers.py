@@ -100,13 +100,13 @@ def _float8(keys: tuple[str, ...]) -> list[str]:
 
 FLOAT8 = {
     "stock bf16, eager / `torch.compile`": ("bf16-eager", "bf16-compiled"),
-    "ampkernels fp8 tensorwise, eager / captured in a CUDA graph (`capture_step`)": (
+    "ampkernels FP8 tensorwise, eager / captured in a CUDA graph (`capture_step`)": (
         "fp8-tensorwise-eager",
         "fp8-tensorwise-graphed",
     ),
-    "ampkernels fp8 rowwise, eager": ("fp8-rowwise-eager",),
-    "ampkernels fp8 delayed scaling, eager": ("fp8-delayed-eager",),
-    "torchao 0.18 fp8 tensorwise / rowwise, `torch.compile`": (
+    "ampkernels FP8 rowwise, eager": ("fp8-rowwise-eager",),
+    "ampkernels FP8 delayed scaling, eager": ("fp8-delayed-eager",),
+    "torchao 0.18 FP8 tensorwise / rowwise, `torch.compile`": (
         "torchao-tensorwise-compiled",
         "torchao-rowwise-compiled",
     ),

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ampkernels import dispatch, reference
+from ampkernels._constants import FLOAT8_DTYPES
 from ampkernels.float8 import to_float8, to_float8_pair
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -31,7 +32,6 @@ KERNELS = [
 ]
 RUNNING_KERNELS = [name for name in ("native", "triton") if dispatch.why_not("to_float8", name, DEV) is None]
 
-FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 # (granularity, transpose, pair)
 PATHS = {
@@ -81,7 +81,7 @@ def _scale_for(x, granularity, transpose, dtype, seed=2):
 
 def _bits(t):
     """float8 codes as uint8; float32 as int32 bits, every NaN as one pattern (torch's NaN payloads vary)."""
-    if t.dtype in FP8:
+    if t.dtype in FLOAT8_DTYPES:
         return t.view(torch.uint8)
     return t.contiguous().nan_to_num(float("nan")).view(torch.int32).masked_fill(t.isnan(), -1)
 
@@ -168,7 +168,7 @@ def test_native_where_it_cannot_run_leaves_the_casts_on_their_default(monkeypatc
 
 @pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("in_dtype", INPUTS, ids=str)
-@pytest.mark.parametrize("dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=str)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("shape", [(333, 129), (48, 96), (256, 64)], ids=str)
@@ -249,7 +249,7 @@ def test_non_contiguous_inputs(path, delayed, layout, backend):
 
 @pytest.mark.parametrize("backend", KERNELS)
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
-@pytest.mark.parametrize("dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=str)
 @pytest.mark.parametrize("path", list(PATHS))
 def test_inf_and_nan(path, dtype, delayed, backend):
     """Non-finite elements become NaN, the scale of their tensor (or row) is 1.0 under current scaling, found_inf is
@@ -274,7 +274,7 @@ def test_all_zero_tensor(path, backend):
 
 
 @pytest.mark.parametrize("backend", KERNELS)
-@pytest.mark.parametrize("dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=str)
 def test_rounding_ties_subnormals_and_saturation(dtype, backend):
     """Through the cast with scale 1: every float8 value, the midpoints between neighbours (ties: to even), the
     float32 values just either side of them, values beyond the largest finite one (saturate), signed zeros."""
@@ -638,7 +638,7 @@ def test_current_scale_waits_for_the_whole_amax_pass(path, where, backend):
 
 @gpu
 @needs_triton
-@pytest.mark.parametrize("dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=str)
 @pytest.mark.parametrize("path", list(PATHS))
 def test_software_rounding_equals_the_hardware_on_gpu(monkeypatch, path, dtype):
     from ampkernels.float8.triton import casts as float8_casts

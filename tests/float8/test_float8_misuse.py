@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from ampkernels import dispatch
+from ampkernels import dispatch, reference
+from ampkernels._constants import FLOAT8_DTYPES
 from ampkernels.float8 import to_float8, to_float8_pair
 
 BACKENDS = ["native", "triton", "torch"]
-FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
@@ -39,7 +39,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", FLOAT8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_finite_float64_beyond_float32_saturates(device, backend, dtype, granularity, transpose):
@@ -98,3 +98,41 @@ def test_delayed_scaling_saturates_finite_float64(device, backend):
     limit = torch.finfo(torch.float8_e4m3fn).max
     assert data.float()[0, 1] == limit and data.float()[3, 4] == -limit and data.float()[5, 9] == limit
     assert not data.float().isnan().any()
+
+
+@pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_reference_saturates_finite_float64_beyond_float32(device, dtype, granularity, transpose):
+    """reference.to_float8 (the torch backend, and every kernel test's expectation) took float64 through x.float():
+    finite values beyond float32's range became NaN codes, their amax inf (not recorded, scale 1) and found_inf
+    set. As the public casts: they cast as if saturated to float32's largest value first."""
+    x = _beyond_float32(device, seed=4)
+    rows = (x.shape[1] if transpose else x.shape[0]) if granularity == "row" else None
+    amax = torch.zeros((rows, 1) if rows else (1,), device=device)
+    found = torch.zeros(1, device=device)
+    data, scale_inv = reference.to_float8(x, dtype, granularity, transpose=transpose, amax_out=amax, found_inf=found)
+    assert not data.float().isnan().any(), "a finite input became NaN"
+    assert float(found) == 0.0, "a finite input set found_inf"
+    saturated = x.clamp(-FLOAT32_MAX, FLOAT32_MAX).float()
+    want_data, want_scale_inv = reference.to_float8(saturated, dtype, granularity, transpose=transpose)
+    assert torch.equal(_bits(data), _bits(want_data))
+    assert torch.equal(scale_inv, want_scale_inv)
+    torch.testing.assert_close(amax.reshape(-1), reference.float8_amax(saturated, granularity, transpose).reshape(-1))
+    assert float(amax.max()) == FLOAT32_MAX
+    limit = torch.finfo(dtype).max
+    codes = data.float() if not transpose else data.float().t()
+    assert codes[0, 1] > 0 and codes[3, 4] < 0 and codes[5, 9] > 0
+    if granularity == "tensor":  # the largest magnitude maps to the format's largest
+        assert codes[3, 4] == -limit
+
+
+def test_reference_amax_and_pair_of_finite_float64_beyond_float32(device):
+    x = _beyond_float32(device, seed=5)
+    assert float(reference.float8_amax(x)) == FLOAT32_MAX
+    rows = reference.float8_amax(x, "row")
+    assert torch.isfinite(rows).all() and float(rows[3, 0]) == FLOAT32_MAX
+    found = torch.zeros(1, device=device)
+    data, data_t, _ = reference.to_float8_pair(x, found_inf=found)
+    assert not data.float().isnan().any() and torch.equal(_bits(data.t()), _bits(data_t))
+    assert float(found) == 0.0

@@ -16,6 +16,7 @@ import torch
 
 import ampkernels
 from ampkernels import dispatch, ops, reference
+from ampkernels._constants import NO_CLIP, NormKind, norm_kind
 
 BACKENDS = ["native", "triton", "torch"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -225,6 +226,19 @@ def test_bad_input_names_the_argument(device):
         ops.unscale_reduce_(t, _scalar(1.0, device), _scalar(0.0, device), norm_type=1.0, backend="native")
 
 
+def test_norm_kind_of_each_norm_type():
+    """torch's norm_type spellings map onto the kernels' NormKind and back; nothing else passes for a fused norm."""
+    for norm_type, kind in ((None, NormKind.NONE), (2, NormKind.L2), (2.0, NormKind.L2), (math.inf, NormKind.INF)):
+        assert norm_kind(norm_type) is kind
+        assert norm_kind(kind.norm_type) is kind
+    assert norm_kind(float("inf")) is NormKind.INF and norm_kind(torch.tensor(2.0)) is NormKind.L2
+    for bad in (0.0, 1.0, 3.0, -math.inf, math.nan, True):
+        with pytest.raises(ValueError, match=r"argument 'norm_type': the fused kernels compute 2 and inf norms"):
+            norm_kind(bad)
+    with pytest.raises(TypeError, match="argument 'p': expected None, 2.0 or inf, got str"):
+        norm_kind("two", "p")
+
+
 def test_list_op_table_cache_survives_reuse_and_sees_new_tensors():
     _skip_unless_runs("native", "cpu")
     tensors = [torch.full((100,), 8.0), torch.full((50,), 8.0)]
@@ -331,7 +345,7 @@ def test_scale_floor_replaces_underflow_to_zero():
 @pytest.mark.skipif(dispatch.native() is None, reason="native extension not built")
 def test_opcheck_native_ops():
     tensors = [torch.randn(30) * 8, torch.randn(7).half()]
-    args = (tensors, _scalar(2.0, "cpu"), _scalar(0.0, "cpu"), None, True, 2.0, True, 1.0)
+    args = (tensors, _scalar(2.0, "cpu"), _scalar(0.0, "cpu"), None, True, int(NormKind.L2), True, 1.0)
     torch.library.opcheck(
         torch.ops.ampkernels.unscale_reduce_.default, args, test_utils=("test_schema", "test_faketensor")
     )
@@ -362,7 +376,7 @@ def test_grad_table_is_reused_while_the_gradients_stay_and_rebuilt_when_they_mov
     table = dispatch.native().GradTable(params, "cpu")
 
     def unscale():
-        table.unscale_reduce(_scalar(2.0, "cpu"), _scalar(0.0, "cpu"), None, True, 0.0, False, -1.0)
+        table.unscale_reduce(_scalar(2.0, "cpu"), _scalar(0.0, "cpu"), None, True, NormKind.NONE, False, NO_CLIP)
 
     unscale()
     unscale()
@@ -446,6 +460,9 @@ def test_python_backends_check_every_argument_once(device, backend):
         (TypeError, "element 1 .*int32", lambda: unscale([ts[0], ts[0].int()], s, f)),
         (TypeError, "'tensors'", lambda: unscale(ts[0], s, f)),
         (ValueError, "norm_type", lambda: unscale(ts, s, f, norm_type=1.0)),
+        (ValueError, "norm_type", lambda: unscale(ts, s, f, norm_type=0.0)),  # torch's 0 counts non-zeros
+        (ValueError, "norm_type", lambda: unscale(ts, s, f, norm_type=-math.inf)),
+        (TypeError, "norm_type", lambda: unscale(ts, s, f, norm_type=[2.0])),
         (ValueError, "max_norm", lambda: unscale(ts, s, f, max_norm=1.0)),
         (TypeError, "max_norm", lambda: unscale(ts, s, f, norm_type=2.0, max_norm="1")),
     ]

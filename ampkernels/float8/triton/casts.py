@@ -34,13 +34,13 @@ from ampkernels.float8.triton.casts_kernels import (
 )
 
 #: None: the hardware's ``cvt.rn.satfinite`` on Hopper and newer, the integer rounding of ``_encode`` elsewhere:
-#: under the interpreter (whose float8 conversion is wrong) and before sm_90 (no fp8 cvt before sm_89; Triton's
+#: under the interpreter (whose float8 conversion is wrong) and before sm_90 (no FP8 cvt before sm_89; Triton's
 #: fp32 -> e4m3 on sm_89 has gone through fp16, a double rounding: triton-lang/triton#11753). True forces the
 #: integer rounding (the GPU tests check it against the hardware).
 SOFTWARE_ROUNDING: bool | None = None
 
 # NOTE: a flat pass moves BLOCK elements per program and iteration (16 per thread at 8 warps: 32-byte bf16 loads,
-# 16-byte fp8 stores); a few programs per SM keep enough loads in flight (REFERENCE.md: 4-8 per SM, BLOCK 1024-4096
+# 16-byte FP8 stores); a few programs per SM keep enough loads in flight (REFERENCE.md: 4-8 per SM, BLOCK 1024-4096
 # reach 87-105% of copy for a read-only reduction).
 FLAT_BLOCK = 4096
 FLAT_WARPS = 8

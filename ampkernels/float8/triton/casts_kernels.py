@@ -24,7 +24,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_AMAX_FLOOR = tl.constexpr(1e-12)
+from ampkernels._constants import FLOAT8_AMAX_FLOOR
+
+_AMAX_FLOOR = tl.constexpr(FLOAT8_AMAX_FLOOR)
 _INF = tl.constexpr(float("inf"))
 # NOTE: no NaN constexpr: Triton compares a kernel's globals by value when it compiles, and NaN != NaN made every
 # kernel calling _cast fail on the H200 ("Global variable _NAN has changed"). The NaN is built from its bits.

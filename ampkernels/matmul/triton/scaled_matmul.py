@@ -123,7 +123,7 @@ INTERPRETER_CONFIG = Config(32, 32, 32, 1, 4, group_m=2)
 
 def _float8_configs(configs: tuple[Config, ...]) -> tuple[Config, ...]:
     """The same tiles with BLOCK_K doubled: a stage of 1-byte operands at 2 x BLOCK_K takes the bytes of a 16-bit one
-    (128x256x128 fp8: 48 KB, as 128x256x64 bf16), so the same pipeline depths fit; fp8 wgmma consumes K 32 a step."""
+    (128x256x128 FP8: 48 KB, as 128x256x64 bf16), so the same pipeline depths fit; FP8 wgmma consumes K 32 a step."""
     return tuple(dataclasses.replace(c, block_k=2 * c.block_k) for c in configs)
 
 
@@ -231,7 +231,7 @@ def _factor_mode(factor: torch.Tensor | None) -> int:
     return 1 if factor.numel() == 1 else 2
 
 
-# NOTE: Hopper's fp8 wgmma adds its products into an accumulator of reduced precision; Triton's default on sm_90
+# NOTE: Hopper's FP8 wgmma adds its products into an accumulator of reduced precision; Triton's default on sm_90
 # keeps that for the whole K loop (max_num_imprecise_acc 2^30, cuBLAS's "fast accumulation"). Adding into the fp32
 # accumulator after every BLOCK_K of K keeps a 16-bit output's error at torch._scaled_mm's, whose rounding dominates.
 # An fp32 output (a weight gradient) shows the rest: promoting every BLOCK_K left it far less accurate than

@@ -16,7 +16,7 @@ bias, accumulation into the old output (read as fp32), cast, and the non-finite 
 a tile writes 1.0 to ``found_inf`` only when it holds a non-finite value (all writers write the same value, so
 the race is benign; nothing is ever cleared).
 
-Float8 operands (e4m3fn / e5m2) run in the same kernels: fp8 ``tl.dot`` with its partial sums added into the fp32
+FP8 operands (e4m3fn / e5m2) run in the same kernels: FP8 ``tl.dot`` with its partial sums added into the fp32
 accumulator every BLOCK_K (``MAX_IMPRECISE``), the dequantization factors ``scale_a`` (per tensor or row) and
 ``scale_b`` (per tensor or column) applied first in the epilogue (``SCALE_A``/``SCALE_B``, compiled out for 16-bit
 operands), and the output's amax recorded last (``CHECK_AMAX``: an integer atomic max on the float bits).
@@ -171,7 +171,7 @@ def _tile_product(
             b = b_desc.load([off_n, off_k]).T
         else:
             b = b_desc.load([off_k, off_n])
-        if UPCAST:  # the interpreter's bf16 dot is wrong; fp32 products of 16-bit and fp8 inputs are exact
+        if UPCAST:  # the interpreter's bf16 dot is wrong; fp32 products of 16-bit and FP8 inputs are exact
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, max_num_imprecise_acc=MAX_IMPRECISE)

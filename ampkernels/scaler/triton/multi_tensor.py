@@ -16,8 +16,8 @@ import torch
 import triton.language as tl
 
 from ampkernels import dispatch
-from ampkernels._constants import NORM_INF, NORM_L2, NORM_NONE
 from ampkernels._constants import TRITON_UNSCALE_CHUNK as CHUNK
+from ampkernels._constants import NormKind, norm_kind
 from ampkernels._runtime import device_guard, f64_bits, retain_if_capturing
 from ampkernels.scaler import reference
 from ampkernels.scaler.triton.multi_tensor_kernels import (
@@ -170,12 +170,6 @@ def _num_programs(device: torch.device, chunks: int) -> int:
     return chunks
 
 
-def _norm_mode(norm_type) -> int:
-    if norm_type is None:
-        return NORM_NONE
-    return NORM_L2 if float(norm_type) == 2.0 else NORM_INF
-
-
 def unscale_reduce_(
     tensors: Sequence[torch.Tensor],
     scale: torch.Tensor,
@@ -212,12 +206,12 @@ def unscale_reduce_(
     """
     tensors = list(tensors)
     device = tensors[0].device if tensors else found_inf.device
-    mode = _norm_mode(norm_type)
-    per_tensor = per_tensor and mode != NORM_NONE
+    mode = norm_kind(norm_type)
+    per_tensor = per_tensor and mode is not NormKind.NONE
 
     n = len(tensors)
     if n == 0:  # nothing to launch: the norms of nothing are 0
-        if mode == NORM_NONE:
+        if mode is NormKind.NONE:
             return None, None
         norm = torch.zeros((), dtype=torch.float32, device=device)
         if max_norm is not None:
@@ -234,7 +228,7 @@ def unscale_reduce_(
 
     n_chunks = table.num_chunks
     partials = torch.empty((max(n_chunks, 1), 2), dtype=torch.float64, device=device)
-    norm = torch.empty((), dtype=torch.float32, device=device) if mode != NORM_NONE else None
+    norm = torch.empty((), dtype=torch.float32, device=device) if mode is not NormKind.NONE else None
     per = torch.empty(n, dtype=torch.float32, device=device) if per_tensor else None
 
     with device_guard(device):
@@ -255,14 +249,14 @@ def unscale_reduce_(
                 IS_FP64=dtype == torch.float64,
                 ALIGNED=aligned,
                 WRITE=bool(write),
-                NORM=mode,
+                NORM=int(mode),
                 HAS_FACTOR=factor is not None,
                 CHUNK_SIZE=CHUNK,
                 HALF=BLOCK // 2,
                 INTERPRET=dispatch.triton_interpreting(),
                 num_warps=NUM_WARPS,
             )
-        if n_chunks or mode != NORM_NONE:
+        if n_chunks or mode is not NormKind.NONE:
             _finalize_kernel[(1,)](
                 partials,
                 n_chunks,
@@ -270,7 +264,7 @@ def unscale_reduce_(
                 norm if norm is not None else found_inf,
                 coef_out if coef_out is not None else found_inf,
                 float(max_norm) if max_norm is not None else 0.0,
-                NORM=mode,
+                NORM=int(mode),
                 HAS_COEF=max_norm is not None,
                 BLOCK=_FINALIZE_BLOCK,
                 num_warps=4,
@@ -281,7 +275,7 @@ def unscale_reduce_(
                 table.first_chunk,
                 table.out_index,
                 per,
-                NORM=mode,
+                NORM=int(mode),
                 BLOCK=_PER_TENSOR_BLOCK,
                 num_warps=4,
             )

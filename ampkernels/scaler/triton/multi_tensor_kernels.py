@@ -20,16 +20,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ampkernels._constants import NORM_INF, NORM_L2, NORM_NONE
+from ampkernels._constants import NormKind
 from ampkernels._triton_functions import _rounded
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 _DBL_MAX = tl.constexpr(1.7976931348623157e308)
 
-# NORM constexpr values (ampkernels._constants).
-_NORM_NONE = tl.constexpr(NORM_NONE)
-_NORM_L2 = tl.constexpr(NORM_L2)
-_NORM_INF = tl.constexpr(NORM_INF)
+# The NORM constexpr's values (ampkernels._constants.NormKind).
+_NORM_NONE = tl.constexpr(int(NormKind.NONE))
+_NORM_L2 = tl.constexpr(int(NormKind.L2))
+_NORM_INF = tl.constexpr(int(NormKind.INF))
 
 
 @triton.jit
