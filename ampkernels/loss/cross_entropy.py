@@ -226,8 +226,12 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             gh, gw, gb, counted = ctx.saved_tensors
             # (no counted token: the gradients are zero, as stock's; clamp keeps 0 / 0 out of them)
             factor = grad.float() / counted.clamp(min=1) if ctx.reduction == "mean" else grad.float()
+            # g * factor in float32, rounded once into the result's dtype: no float32 temporary of the [V, H]
+            # weight gradient (2 GiB at 128k x 4096)
+            dtypes = (gh.dtype, *ctx.dtypes)
             gh, gw, gb = (
-                (g.float() * factor).to(g.dtype) if need else None for g, need in zip((gh, gw, gb), ctx.needs)
+                torch.mul(g, factor, out=torch.empty(g.shape, dtype=dtype, device=g.device)) if need else None
+                for g, need, dtype in zip((gh, gw, gb), ctx.needs, dtypes)
             )
         weight_dtype, bias_dtype = ctx.dtypes
         return (
