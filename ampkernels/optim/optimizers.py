@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from ampkernels import dispatch
-from ampkernels._constants import QUANT_MIN_NUMEL, STATE_BF16, STATE_F32, STATE_Q4, STATE_Q8
-from ampkernels.optim import reference
+from ampkernels.optim import reference, state_formats
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -42,52 +41,6 @@ _BLOCKWISE_KEYS = (
     "step",
 )
 _MASTER_ROW = {len(_ADAM_KEYS): 3, len(_BLOCKWISE_KEYS): 5}
-
-# exp_avg_dtype / exp_avg_sq_dtype values -> (canonical value kept in the param group, storage format).
-_MOMENT_DTYPES = {
-    torch.float32: STATE_F32,
-    torch.bfloat16: STATE_BF16,
-    torch.uint8: STATE_Q8,
-    torch.uint4: STATE_Q4,
-}
-_MOMENT_ALIASES = {
-    "8bit": torch.uint8,
-    "4bit": torch.uint4,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-# The names a state_dict's param groups save those dtypes under: torch.distributed.checkpoint's full_state_dict
-# gathering takes tensors and plain Python values only (a torch.dtype fails it: "Unexpected value type").
-_MOMENT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.uint8: "8bit", torch.uint4: "4bit"}
-_QUANTIZED = (STATE_Q8, STATE_Q4)
-# A quantized moment's state names its code's width: state["exp_avg_bits"] = 8 (checkpoints say what they hold; an
-# int, as torch's load_state_dict would take a string apart).
-_CODE_NAMES = {STATE_Q8: 8, STATE_Q4: 4}
-_CODE_FORMATS = {name: fmt for fmt, name in _CODE_NAMES.items()}
-# The names a state_dict saves quantized moments under. torch's optimizers read 'exp_avg' and 'exp_avg_sq' as float
-# moments, and their load_state_dict casts uint8 codes to float without a word: under other names their step fails
-# instead (KeyError 'exp_avg'). Inside the optimizer the codes keep the moment's own name.
-_SAVED_CODES_KEYS = {"exp_avg": "exp_avg_codes", "exp_avg_sq": "exp_avg_sq_codes"}
-_FORMAT_DTYPES = {STATE_F32: torch.float32, STATE_BF16: torch.bfloat16}
-
-
-def _is_codes(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8
-
-
-def _moment_dtype(value: Any, name: str) -> torch.dtype | None:
-    """The canonical ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` of ``value`` (None: the default)."""
-    if value is None:
-        return None
-    dtype = _MOMENT_ALIASES.get(value, value) if isinstance(value, str) else value
-    if not isinstance(dtype, torch.dtype) or dtype not in _MOMENT_DTYPES:  # (a list or dict is not hashable)
-        raise ValueError(
-            f"{name} must be None, torch.float32 / 'fp32', torch.bfloat16 / 'bf16', torch.uint8 / '8bit' or "
-            f"torch.uint4 / '4bit', got {value!r}"
-        )
-    return dtype
 
 
 def _is_dtensor(t: Any) -> bool:
@@ -453,47 +406,19 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _check_saved_tensor(self, key: str, value: Any, entry: dict, p: torch.Tensor, group: dict, where: str) -> None:
         """Checks one saved state entry of parameter (or local shard) ``p``, saved with param group ``group``."""
-        if key not in self._STATE_KEYS:
-            return
-        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-            raise TypeError(f"{where} must be a floating-point tensor, got {type(value).__name__}")
-        if value.shape != p.shape:
-            raise ValueError(f"{where} has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}")
+        if key in self._STATE_KEYS:
+            state_formats.check_saved_float(key, value, p.shape, where)
 
     # ---- state ----
 
     def _state_dtype(self, p: torch.Tensor, group: dict[str, Any]) -> torch.dtype:
         return torch.float32 if group["master_weights"] and p.dtype != torch.float32 else p.dtype
 
-    def _state_tensor(self, state: dict, key: str, p: torch.Tensor, dtype: torch.dtype, init=None) -> torch.Tensor:
-        """``state[key]`` as a tensor shaped and strided like ``p`` of ``dtype`` on ``p``'s device (created or
-        converted; a conversion happens only when a loaded state_dict differs, e.g. torch's CPU steps)."""
-        value = state.get(key)
-        if value is None:
-            value = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
-            if init is not None:
-                value.copy_(init)
-        elif value.dtype != dtype or value.device != p.device or value.stride() != p.stride():
-            value = torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format).copy_(value)
-        state[key] = value
-        return value
-
-    def _step_tensor(self, state: dict, p: torch.Tensor, default: float = 0.0) -> torch.Tensor:
-        value = state.get("step")
-        if value is None:
-            value = torch.tensor(default, dtype=torch.float32, device=p.device)
-        elif not isinstance(value, torch.Tensor):
-            value = torch.tensor(float(value), dtype=torch.float32, device=p.device)
-        elif value.dtype != torch.float32 or value.device != p.device or value.dim() != 0:
-            value = value.to(device=p.device, dtype=torch.float32).reshape(())
-        state["step"] = value
-        return value
-
     def _master_tensor(self, state: dict, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor | None:
         if not (group["master_weights"] and p.dtype != torch.float32):
             state.pop("master_param", None)  # master weights turned off: the parameter is the truth
             return None
-        return self._state_tensor(state, "master_param", p, torch.float32, init=p.detach())
+        return state_formats.float_state(state, "master_param", p, torch.float32, init=p.detach())
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any], blockwise: bool) -> list[torch.Tensor | None]:
         """Creates or normalises ``self.state[p]`` (tensors shaped like ``p``'s local shard); returns its tensors in
@@ -631,17 +556,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         for key, value in state.items():
             if key == "step" or not isinstance(value, torch.Tensor):
                 continue
-            expected = local.shape
-            if value.dtype == torch.uint8:  # quantized codes, or their block exponents
-                moment = key.removesuffix("_scale")
-                fmt = _CODE_FORMATS.get(state.get(f"{moment}_bits"))
-                if fmt is not None and local.dim() >= 1:
-                    codes_shape, scales_shape = reference.quant_layout(local.shape, fmt)
-                    expected = scales_shape if key.endswith("_scale") else codes_shape
-            if tuple(value.shape) != tuple(expected):
+            expected = state_formats.expected_shape(state, key, value, local.shape)
+            if tuple(value.shape) != expected:
                 raise RuntimeError(
                     f"{type(self).__name__}: parameter {i} of param group {index} has shape {tuple(local.shape)}, but "
-                    f"its state '{key}' has shape {tuple(value.shape)} (expected {tuple(expected)}): the parameter "
+                    f"its state '{key}' has shape {tuple(value.shape)} (expected {expected}): the parameter "
                     "changed shape since its state was made (p.data = a tensor of another shape?). Give it back its "
                     "shape, or drop its state (del optimizer.state[p]) to start it afresh"
                 )
@@ -938,11 +857,11 @@ class FusedAdam(_FusedOptimizer):
     def _check_group(self, group, index, where=None):
         where = where or f"{type(self).__name__}: param group {index}"
         for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
-            group[key] = _moment_dtype(group.get(key), f"{where}: {key}")
+            group[key] = state_formats.option_dtype(group.get(key), f"{where}: {key}")
         seed = group.get("seed")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"{where}: seed must be an int in [0, 2**63), got {seed!r}")
-        if group["amsgrad"] and _MOMENT_DTYPES.get(group["exp_avg_sq_dtype"]) in _QUANTIZED:
+        if group["amsgrad"] and state_formats.quantized_option(group["exp_avg_sq_dtype"]):
             raise ValueError(f"{where}: amsgrad needs a float32 or bfloat16 exp_avg_sq_dtype, not a quantized one")
         if group["stochastic_rounding"]:
             if group["master_weights"]:
@@ -963,16 +882,7 @@ class FusedAdam(_FusedOptimizer):
         if dtype is None:  # the default of the fused step: the state dtype, float32 where that is float16
             dtype = self._state_dtype(p, group)
             dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-        fmt = _MOMENT_DTYPES[dtype]
-        if fmt in _QUANTIZED:
-            if p.dim() < 2 or p.numel() < QUANT_MIN_NUMEL:
-                return STATE_F32
-            if not _local(p).is_contiguous():
-                raise ValueError(
-                    f"{type(self).__name__}: {key}={dtype} needs contiguous parameters (blocks run along the "
-                    f"last dimension); got one of shape {tuple(p.shape)} with strides {_local(p).stride()}"
-                )
-        return fmt
+        return state_formats.storage_format(dtype, p, _local(p), f"{type(self).__name__}: {key}")
 
     def _blockwise(self, group, dtype):
         if group["stochastic_rounding"] and dtype == torch.bfloat16:
@@ -984,7 +894,7 @@ class FusedAdam(_FusedOptimizer):
     def _layout_of(self, p, group, salt):
         local = _local(p)
         fmt_m, fmt_v = self._format(p, group, "exp_avg_dtype"), self._format(p, group, "exp_avg_sq_dtype")
-        quantized = fmt_m in _QUANTIZED or fmt_v in _QUANTIZED
+        quantized = state_formats.is_quantized(fmt_m) or state_formats.is_quantized(fmt_v)
         cols = local.shape[-1] if quantized else local.numel()
         offset = _shard_offset(p, type(self).__name__) if group["stochastic_rounding"] else 0
         return (fmt_m, fmt_v, cols, salt, offset)
@@ -1016,124 +926,44 @@ class FusedAdam(_FusedOptimizer):
 
     # ---- state ----
 
-    def _moment(self, state: dict, key: str, p: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``state[key]`` in format ``fmt`` and its block exponents (an empty uint8 tensor when not quantized),
-        created as zeros or converted from a loaded float tensor."""
-        scale_key, code_key = f"{key}_scale", f"{key}_bits"
-        if _CODE_FORMATS.get(state.get(code_key)) != fmt:  # stored in another code (the option changed)
-            self._decode_held(state, key, p)
-        value, scales = state.get(key), state.get(scale_key)
-        if fmt not in _QUANTIZED:
-            value = self._state_tensor(state, key, p, _FORMAT_DTYPES[fmt])
-            return value, torch.empty(0, dtype=torch.uint8, device=p.device)
-        codes_shape, scales_shape = reference.quant_layout(p.shape, fmt)
-        state[code_key] = _CODE_NAMES[fmt]
-        if value is None:
-            value = torch.zeros(codes_shape, dtype=torch.uint8, device=p.device)
-            scales = torch.zeros(scales_shape, dtype=torch.uint8, device=p.device)
-        elif value.dtype != torch.uint8:  # a float moment (torch's, or a float32 FusedAdam's): quantize it
-            value, scales = reference.quantize_blockwise(value.to(p.device, torch.float32), fmt, key == "exp_avg_sq")
-        else:
-            value, scales = value.to(p.device), scales.to(p.device)
-        state[key], state[scale_key] = value, scales
-        return value, scales
-
-    @staticmethod
-    def _decode_held(state: dict, key: str, p: torch.Tensor) -> None:
-        """``state[key]``, if held as codes, decoded to float32 (the group's storage option changed since)."""
-        held = _CODE_FORMATS.get(state.get(f"{key}_bits"))
-        if held is None:
-            return
-        codes, scales = state[key], state[f"{key}_scale"]
-        state[key] = reference.dequantize_blockwise(codes, scales, held, key == "exp_avg_sq", p.shape)
-        for k in (f"{key}_scale", f"{key}_bits"):
-            state.pop(k, None)
-
     def _init_state(self, p, group, blockwise):
         state = self.state[p]
         local = _local(p)
         master = self._master_tensor(state, local, group)
-        step = self._step_tensor(state, local)
+        step = state_formats.step_count(state, local)
         if not blockwise:
-            for key in ("exp_avg", "exp_avg_sq"):  # codes of quantized moments the group no longer takes
-                self._decode_held(state, key, local)
+            for key in state_formats.MOMENT_KEYS:  # codes of quantized moments the group no longer takes
+                state_formats.decode_held(state, key, local.shape)
             dtype = self._state_dtype(local, group)
-            exp_avg = self._state_tensor(state, "exp_avg", local, dtype)
-            exp_avg_sq = self._state_tensor(state, "exp_avg_sq", local, dtype)
-            max_sq = self._state_tensor(state, "max_exp_avg_sq", local, dtype) if group["amsgrad"] else None
+            exp_avg = state_formats.float_state(state, "exp_avg", local, dtype)
+            exp_avg_sq = state_formats.float_state(state, "exp_avg_sq", local, dtype)
+            max_sq = state_formats.float_state(state, "max_exp_avg_sq", local, dtype) if group["amsgrad"] else None
             return [exp_avg, exp_avg_sq, max_sq, master, step]
         fmt_m, fmt_v = self._format(p, group, "exp_avg_dtype"), self._format(p, group, "exp_avg_sq_dtype")
-        exp_avg, exp_avg_scale = self._moment(state, "exp_avg", local, fmt_m)
-        exp_avg_sq, exp_avg_sq_scale = self._moment(state, "exp_avg_sq", local, fmt_v)
+        exp_avg, exp_avg_scale = state_formats.moment(state, "exp_avg", local, fmt_m)
+        exp_avg_sq, exp_avg_sq_scale = state_formats.moment(state, "exp_avg_sq", local, fmt_v)
         max_sq = None
         if group["amsgrad"]:
-            max_sq = self._state_tensor(state, "max_exp_avg_sq", local, _FORMAT_DTYPES[fmt_v])
+            max_sq = state_formats.float_state(state, "max_exp_avg_sq", local, state_formats.FORMAT_DTYPES[fmt_v])
         return [exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, max_sq, master, step]
 
+    # ---- state_dict ----
+
     def _check_saved_entry(self, entry, where):
-        # torch's Adam and this class save a parameter's step and both moments together. Loaded without one of
-        # them, the step would start the missing moment from zeros (a zero second moment makes the update m / eps)
-        # or the bias corrections from step 0: an error here, as torch's step raises KeyError.
-        present = [key for key in ("step", "exp_avg", "exp_avg_sq") if entry.get(key) is not None]
-        missing = [key for key in ("step", "exp_avg", "exp_avg_sq") if entry.get(key) is None]
-        if present and missing:
-            names = {"exp_avg": "'exp_avg' (or 'exp_avg_codes')", "exp_avg_sq": "'exp_avg_sq' (or 'exp_avg_sq_codes')"}
-            raise KeyError(
-                f"{where} holds {', '.join(repr(k) for k in present)} but no "
-                f"{' or '.join(names.get(k, repr(k)) for k in missing)}; a saved Adam state holds 'step' and both "
-                "moments together"
-            )
+        state_formats.check_saved_adam_entry(entry, where)
 
     def _check_saved_tensor(self, key, value, entry, p, group, where):
-        if key in ("exp_avg_bits", "exp_avg_sq_bits"):
-            if value not in _CODE_FORMATS:
-                raise ValueError(f"{where} must be 8 or 4, got {value!r}")
-            moment = key.removesuffix("_bits")
-            if entry.get(moment) is not None and not _is_codes(entry[moment]):  # (absent: said below)
-                raise ValueError(f"{where}: a code width on a float '{moment}', without '{_SAVED_CODES_KEYS[moment]}'")
-            return
-        if key in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"):
-            moment = key.removesuffix("_scale")
-            codes = entry.get(moment)
-            if _is_codes(codes):
-                if key == moment:  # name the codes as the state_dict saved them
-                    where = where.replace(f"['{key}']", f"['{_SAVED_CODES_KEYS[key]}']", 1)
-                fmt = _CODE_FORMATS.get(entry.get(f"{moment}_bits"))
-                if fmt is None:
-                    raise ValueError(
-                        f"{where}: uint8 codes need '{moment}_bits' set to 8 or 4, got {entry.get(f'{moment}_bits')!r}"
-                    )
-                codes_shape, scales_shape = reference.quant_layout(p.shape, fmt)
-                expected = scales_shape if key.endswith("_scale") else codes_shape
-                if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
-                    raise TypeError(f"{where} must be a uint8 tensor, got {value!r:.80}")
-                if tuple(value.shape) != tuple(expected):
-                    raise ValueError(f"{where} has shape {tuple(value.shape)}, expected {tuple(expected)}")
-                if not isinstance(entry.get(f"{moment}_scale"), torch.Tensor):
-                    raise KeyError(
-                        f"{where}: codes '{_SAVED_CODES_KEYS[moment]}' without their '{moment}_scale' block exponents"
-                    )
-                return
-            if key.endswith("_scale"):
-                raise ValueError(f"{where}: block exponents without their '{_SAVED_CODES_KEYS[moment]}' codes")
-        super()._check_saved_tensor(key, value, entry, p, group, where)
+        if not state_formats.check_saved_codes(key, value, entry, p.shape, where):
+            super()._check_saved_tensor(key, value, entry, p, group, where)
 
     def _decode_loaded(self, state, saved, group, p):
         """Quantized moments saved in another format than this optimizer stores them in are decoded to float32
         here (and quantized again, if so configured, when the parameter steps); the same format loads as is."""
-        for key in ("exp_avg", "exp_avg_sq"):
-            codes = saved.get(key)
-            if not (isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8):
-                continue
-            fmt = _CODE_FORMATS[saved[f"{key}_bits"]]
-            if self._blockwise(group, p.dtype) and self._format(p, group, f"{key}_dtype") == fmt:
-                continue
-            local = _local(p)
-            state[key] = reference.dequantize_blockwise(
-                codes.to(local.device), saved[f"{key}_scale"].to(local.device), fmt, key == "exp_avg_sq", local.shape
-            )
-            for k in (f"{key}_scale", f"{key}_bits"):
-                state.pop(k, None)
+
+        def kept(key: str, fmt: int) -> bool:
+            return self._blockwise(group, p.dtype) and self._format(p, group, f"{key}_dtype") == fmt
+
+        state_formats.decode_loaded(state, saved, _local(p), kept)
 
     def state_dict(self, dequantize: bool = False) -> dict[str, Any]:
         """As torch's; quantized moments are saved as their codes (``exp_avg_codes``, uint8), block exponents
@@ -1142,60 +972,17 @@ class FusedAdam(_FusedOptimizer):
         load. FSDP2 (DTensor) parameters' state is saved as DTensors (see :meth:`_FusedOptimizer.state_dict`).
         The param groups name their ``exp_avg_dtype`` and ``exp_avg_sq_dtype`` ("8bit", "bf16", ...: what the
         constructor takes), so that every value is a plain type."""
-        sd = super().state_dict(dequantize)
-        for saved_id, entry in sd["state"].items():
-            if any(_is_codes(entry.get(key)) for key in _SAVED_CODES_KEYS):
-                sd["state"][saved_id] = {  # a new dict: torch's state_dict shares the entries with self.state
-                    _SAVED_CODES_KEYS[key] if key in _SAVED_CODES_KEYS and _is_codes(value) else key: value
-                    for key, value in entry.items()
-                }
-        for group in sd["param_groups"]:  # (torch's state_dict packs new group dicts)
-            for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
-                group[key] = _MOMENT_NAMES.get(group.get(key), group.get(key))
-        return sd
+        return state_formats.encode_state_dict(super().state_dict(dequantize))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """See :meth:`_FusedOptimizer.load_state_dict`; quantized moments load as saved by :meth:`state_dict`
         (and, from checkpoints written before their codes had names of their own, as uint8 ``exp_avg``)."""
-        super().load_state_dict(self._codes_under_moment_names(state_dict))
-
-    def _codes_under_moment_names(self, state_dict: Any) -> Any:
-        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
-            return state_dict  # _check_state_dict says what is wrong
-        state = dict(state_dict["state"])
-        for saved_id, entry in state.items():
-            if not isinstance(entry, dict) or not any(name in entry for name in _SAVED_CODES_KEYS.values()):
-                continue
-            entry = state[saved_id] = dict(entry)
-            for key, name in _SAVED_CODES_KEYS.items():
-                if name not in entry:
-                    continue
-                where = f"{type(self).__name__}.load_state_dict: state[{saved_id!r}]['{name}']"
-                if key in entry:
-                    raise ValueError(f"{where}: the entry also holds '{key}'; a moment is saved once")
-                if not _is_codes(entry[name]):
-                    raise TypeError(f"{where} must be a uint8 tensor of codes, got {entry[name]!r:.80}")
-                entry[key] = entry.pop(name)
-        return {**state_dict, "state": state}
+        where = f"{type(self).__name__}.load_state_dict"
+        super().load_state_dict(state_formats.codes_under_moment_names(state_dict, where))
 
     def _dequantized(self, sd: dict[str, Any]) -> dict[str, Any]:
-        for saved_id, p in self._saved_entries(sd):
-            entry = sd["state"].get(saved_id)
-            if entry is None:
-                continue
-            entry = sd["state"][saved_id] = dict(entry)
-            for key in ("exp_avg", "exp_avg_sq"):
-                value = entry.get(key)
-                if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
-                    fmt = _CODE_FORMATS[entry.pop(f"{key}_bits")]
-                    entry[key] = reference.dequantize_blockwise(
-                        value, entry.pop(f"{key}_scale"), fmt, key == "exp_avg_sq", _local(p).shape
-                    )
-        for g in sd["param_groups"]:
-            for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
-                if _MOMENT_DTYPES.get(g.get(key)) in _QUANTIZED:
-                    g[key] = torch.float32
-        return sd
+        shapes = ((saved_id, _local(p).shape) for saved_id, p in self._saved_entries(sd))
+        return state_formats.dequantize_state_dict(sd, shapes)
 
     # ---- the step ----
 
@@ -1371,9 +1158,9 @@ class FusedSGD(_FusedOptimizer):
         if group["momentum"] == 0:
             return [None, None, None, master, None]
         had_buffer = state.get("momentum_buffer") is not None
-        buf = self._state_tensor(state, "momentum_buffer", p, self._state_dtype(p, group))
+        buf = state_formats.float_state(state, "momentum_buffer", p, self._state_dtype(p, group))
         # A buffer loaded without a step count (torch's SGD keeps none) is initialised: count it as one step.
-        step = self._step_tensor(state, p, default=1.0 if had_buffer else 0.0)
+        step = state_formats.step_count(state, p, default=1.0 if had_buffer else 0.0)
         return [buf, None, None, master, step]
 
     def _hyper(self, group, bucket):
