@@ -24,6 +24,7 @@ import torch
 
 from ampkernels import dispatch
 from ampkernels.optim import reference, state_formats
+from ampkernels.optim.hyperparameters import AdamHyperparameters, SgdHyperparameters
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -135,19 +136,26 @@ class _Bucket:
         return self.params if self.sources is None else self.sources
 
     def hand_over_gradients(self) -> bool:
-        """False (nothing handed over) when a parameter has another local tensor than the bucket steps: FSDP2 gives
-        an FP8-all-gather weight's padded shard a new one when it re-pads it (after ``load_state_dict``, ``.to()``)."""
+        """False when a parameter has another local tensor than the bucket steps: FSDP2 gives an FP8-all-gather
+        weight's padded shard a new one when it re-pads it (after ``load_state_dict``, ``.to()``)."""
         for local, p in zip(self.params, self.sources, strict=True):  # (one pass: it runs every step)
             if _local(p) is not local:
                 return False  # (the caller lets go of what was handed over so far)
             local.grad = None if p.grad is None else _local(p.grad)
         return True
 
+    def let_go_of_gradients(self) -> None:
+        """The local tensors of DTensor parameters drop the gradients handed over to them, once the step is queued
+        (or refused): zero_grad() then frees them (held here they would stay alive through the next backward)."""
+        if self.sources is not None:
+            for local in self.params:
+                local.grad = None
+
     def still_valid(self) -> bool:
-        """For the Python backends: the gradients are where the bucket was built for, and the parameters have the
-        shapes their state was made for (native: checked in C++, which sees any new parameter storage)."""
+        """For the Python backends: the gradients are where the bucket was built for, and the parameters and their
+        gradients have the shapes the state was made for (native: checked in C++, which sees any new storage)."""
         return all(
-            p.grad is not None and p.grad.dtype == self.grad_dtype and p.shape == shape
+            p.grad is not None and p.grad.dtype == self.grad_dtype and p.shape == shape and p.grad.shape == shape
             for p, shape in zip(self.params, self.shapes, strict=True)
         ) and all(p.grad is None for p in self.watch)
 
@@ -453,8 +461,32 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Group options that change which state tensors exist (a change rebuilds the plan)."""
         raise NotImplementedError
 
-    def _build_plan(self, index: int, group: dict[str, Any], exclude: frozenset[int] = frozenset()) -> _Plan:
-        """Buckets for the group's parameters with a gradient (``exclude``: ids of parameters to leave out)."""
+    def _build_plan(self, index: int, group: dict[str, Any]) -> _Plan:
+        """Buckets for the group's parameters with a gradient. Everything that can refuse them is checked before
+        any state is created or converted."""
+        with_grad, watch = self._params_to_step(index, group)
+        grouped: dict[tuple, list[torch.Tensor]] = {}
+        for p in with_grad:
+            grouped.setdefault((_local(p).device, p.dtype, p.grad.dtype, _local(p) is not p), []).append(p)
+        salt: dict[int, int] = {}
+        planned = []
+        for (device, dtype, grad_dtype, wrapped), params in grouped.items():
+            blockwise = self._blockwise(group, dtype)
+            backend = dispatch.select("adam_blockwise" if blockwise else self._KIND, device, self._requested_backend)
+            layout = None
+            if blockwise:
+                if backend != "torch":
+                    self._check_rounding_layout(index, group, params, backend)
+                if not salt:  # the rounding stream's salt: each parameter's index in the optimizer, as on every rank
+                    salt = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
+                layout = [self._layout_of(p, group, salt[id(p)]) for p in params]
+            planned.append((device, grad_dtype, wrapped, params, backend, layout))
+        # Only the first bucket watches the group's gradient-less params: one check per step is enough.
+        buckets = [self._bucket(group, *spec, watch if i == 0 else []) for i, spec in enumerate(planned)]
+        return _Plan(tuple(group["params"]), self._options(group), buckets)
+
+    def _params_to_step(self, index: int, group: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(the group's parameters with a gradient, the local tensors of those without), each checked."""
         name = type(self).__name__
         with_grad, watch = [], []
         # Two entries over one memory would be stepped twice, racing in the parallel kernels. One gradient tensor
@@ -462,88 +494,78 @@ class _FusedOptimizer(torch.optim.Optimizer):
         param_at: dict[tuple[torch.device, int], int] = {}
         for i, p in enumerate(group["params"]):
             local = _local(p)
+            where = f"parameter {i} of param group {index}"
             if local.is_meta:
                 raise RuntimeError(
-                    f"{name}: parameter {i} of param group {index} is on the meta device, with no memory to step. "
-                    "Materializing a model (to_empty) gives it new parameters: build the optimizer after that"
+                    f"{name}: {where} is on the meta device, with no memory to step. Materializing a model "
+                    "(to_empty) gives it new parameters: build the optimizer after that"
                 )
             if local.numel() and param_at.setdefault((local.device, local.data_ptr()), i) != i:
                 raise ValueError(
                     f"{name}: parameters {param_at[(local.device, local.data_ptr())]} and {i} of param group "
                     f"{index} are the same tensor (or share its memory); list each parameter once"
                 )
-            if id(p) in exclude:
-                continue
             g = p.grad
             if g is None:
                 watch.append(local)
                 continue
             if g.is_sparse or g.layout != torch.strided:
-                raise RuntimeError(f"{name} does not support sparse gradients (parameter {i} of param group {index})")
+                raise RuntimeError(f"{name} does not support sparse gradients ({where})")
             if g.dtype not in _KERNEL_DTYPES:
                 raise TypeError(
-                    f"{name}: parameter {i} of param group {index} has a {g.dtype} gradient; "
-                    "the fused kernels take float32, float16 and bfloat16 gradients"
+                    f"{name}: {where} has a {g.dtype} gradient; the fused kernels take float32, float16 and "
+                    "bfloat16 gradients"
                 )
             if _local(g).device != local.device:
-                raise RuntimeError(
-                    f"{name}: parameter {i} of param group {index} is on {local.device} but its gradient on "
-                    f"{_local(g).device}"
-                )
+                raise RuntimeError(f"{name}: {where} is on {local.device} but its gradient on {_local(g).device}")
             if _is_dtensor(p) != _is_dtensor(g):
-                raise RuntimeError(f"{name}: parameter {i} of param group {index}: a DTensor and a plain tensor")
+                raise RuntimeError(f"{name}: {where}: a DTensor and a plain tensor")
+            if g.shape != p.shape:  # (``p.grad.data = t`` gets past the .grad setter's check)
+                raise RuntimeError(
+                    f"{name}: {where} has shape {tuple(p.shape)} but its gradient has shape {list(g.shape)}"
+                )
             self._check_state_shapes(p, i, index)
             with_grad.append(p)
+        return with_grad, watch
 
-        grouped: dict[tuple, list[torch.Tensor]] = {}
-        for p in with_grad:
-            grouped.setdefault((_local(p).device, p.dtype, p.grad.dtype, _local(p) is not p), []).append(p)
-        buckets = []
-        for (device, dtype, grad_dtype, wrapped), params in grouped.items():
-            blockwise = self._blockwise(group, dtype)
-            backend = dispatch.select("adam_blockwise" if blockwise else self._KIND, device, self._requested_backend)
-            if blockwise and backend != "torch":
-                self._check_rounding_layout(index, group, params, backend)
-            states = [self._init_state(p, group, blockwise) for p in params]
-            keys = _BLOCKWISE_KEYS if blockwise else self._STATE_KEYS
-            lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(keys))]
-            locals_ = [_local(p) for p in params]
-            # Only the first bucket watches the group's gradient-less params: one check per step is enough.
-            bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch if not buckets else [])
-            bucket.shapes = [x.shape for x in locals_]
-            if wrapped:
-                bucket.sources = params
-                bucket.hand_over_gradients()
-            if bucket.masters:
-                # Master weights created from (or loaded for) the parameters as they are now, or kept from an
-                # earlier plan: those of parameters written since (``p.data = t`` before an option changed, or in a
-                # bucket after the one found stale) are copied from the parameters first.
-                versions = bucket.param_versions()
-                for p, master, version in zip(params, bucket.masters, versions, strict=True):
-                    if self._master_synced.get(id(p), version) != version:
-                        master.copy_(_local(p))
-                self._record_synced(bucket, versions)
+    def _bucket(self, group, device, grad_dtype, wrapped, params, backend, layout, watch) -> _Bucket:
+        """The bucket of ``params`` (checked by :meth:`_build_plan`): their state, created or converted, and the
+        launch table of ``backend``."""
+        blockwise = layout is not None
+        states = [self._init_state(p, group, blockwise) for p in params]
+        keys = _BLOCKWISE_KEYS if blockwise else self._STATE_KEYS
+        lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(keys))]
+        locals_ = [_local(p) for p in params]
+        bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch, layout=layout)
+        bucket.shapes = [x.shape for x in locals_]
+        if wrapped:
+            bucket.sources = params
+            bucket.hand_over_gradients()
+        if bucket.masters:
+            # Master weights created from (or loaded for) the parameters as they are now, or kept from an earlier
+            # plan: those of parameters written since (``p.data = t`` before an option changed, or in a bucket
+            # after the one found stale) are copied from the parameters first.
+            versions = bucket.param_versions()
+            for p, master, version in zip(params, bucket.masters, versions, strict=True):
+                if self._master_synced.get(id(p), version) != version:
+                    master.copy_(_local(p))
+            self._record_synced(bucket, versions)
+        if backend == "native":
+            native = dispatch.native()
             if blockwise:
-                # The rounding stream's salt: each parameter's index in the optimizer, the same on every rank.
-                salt = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
-                bucket.layout = [self._layout_of(p, group, salt[id(p)]) for p in params]
-            if backend == "native":
-                native = dispatch.native()
-                if blockwise:
-                    bucket.table = native.BlockwiseAdamTable(locals_, lists, bucket.layout, bucket.watch, grad_dtype)
-                else:
-                    bucket.table = native.OptimizerTable(self._KIND, locals_, lists, bucket.watch, grad_dtype)
-            elif backend == "triton":
-                if blockwise:
-                    from ampkernels.optim.triton import blockwise as triton_blockwise
+                bucket.table = native.BlockwiseAdamTable(locals_, lists, layout, watch, grad_dtype)
+            else:
+                bucket.table = native.OptimizerTable(self._KIND, locals_, lists, watch, grad_dtype)
+        elif backend == "triton":
+            if blockwise:
+                from ampkernels.optim.triton import blockwise as triton_blockwise
 
-                    bucket.table = triton_blockwise.BlockwiseStepTable(locals_, lists, bucket.layout)
-                else:
-                    from ampkernels.optim.triton import optimizers as triton_optimizers
+                bucket.table = triton_blockwise.BlockwiseStepTable(locals_, lists, layout)
+            else:
+                from ampkernels.optim.triton import optimizers as triton_optimizers
 
-                    bucket.table = triton_optimizers.StepTable(self._KIND, locals_, lists)
-            buckets.append(bucket)
-        return _Plan(tuple(group["params"]), self._options(group), buckets)
+                bucket.table = triton_optimizers.StepTable(self._KIND, locals_, lists)
+        return bucket
 
     def _check_state_shapes(self, p: torch.Tensor, i: int, index: int) -> None:
         """The state of parameter ``i`` of param group ``index`` has the shapes the parameter's (local) shape gives
@@ -570,16 +592,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return False
 
     def _layout_of(self, p: torch.Tensor, group: dict[str, Any], salt: int) -> tuple[int, int, int, int, int]:
+        """The blockwise step's (first format, second format, row length, salt, shard offset) of ``p``."""
         raise NotImplementedError
 
     def _check_rounding_layout(self, index: int, group: dict[str, Any], params: list, backend: str) -> None:
         """Subclasses: refuse parameters whose blockwise step ``backend`` cannot compute as the reference does."""
 
-    def _plan(self, index: int, group: dict[str, Any], rebuild: bool = False) -> _Plan:
+    def _plan(self, index: int, group: dict[str, Any]) -> _Plan:
         plan = self._plans.get(index)
         if (
-            rebuild
-            or plan is None
+            plan is None
             or plan.options != self._options(group)
             or not dispatch.same_params([group["params"]], plan.params)
             or (not plan.buckets and any(p.grad is not None for p in group["params"]))
@@ -610,47 +632,75 @@ class _FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"ampkernels: argument 'lr': expected a 1-element floating-point tensor, got {lr.dtype}")
         return 0.0, lr if lr.dtype == torch.float32 else lr.reshape(()).to(torch.float32)
 
-    def _hyper(self, group: dict[str, Any], bucket: _Bucket) -> dict[str, Any]:
-        """The group's hyperparameters as the kernels of ``bucket`` take them."""
+    def _hyper(self, group: dict[str, Any]) -> AdamHyperparameters | SgdHyperparameters:
+        """The group's hyperparameters as every backend takes them (built once per group and step)."""
         raise NotImplementedError
 
-    def _reference_step(self, bucket: _Bucket, grads, lr, grad_scale, found_inf, hyper: dict[str, Any]) -> None:
+    def _reference_step(self, bucket: _Bucket, grads, lr, grad_scale, found_inf, hyper) -> None:
         raise NotImplementedError
 
-    def _launch(self, bucket: _Bucket, group: dict[str, Any], lr, lr_tensor, grad_scale, found_inf) -> bool:
-        """Steps one bucket; False (nothing written) when its gradients no longer match the bucket."""
-        if bucket.sources is None:
-            return self._launch_params(bucket, group, lr, lr_tensor, grad_scale, found_inf)
-        try:
-            if not bucket.hand_over_gradients():
-                if bucket.versions:  # (what was loaded into the new local tensors, before the plan is rebuilt)
-                    self._resync_loaded(bucket)
-                return False
-            return self._launch_params(bucket, group, lr, lr_tensor, grad_scale, found_inf)
-        finally:
-            # The local tensors let go of the gradients once the step is queued: zero_grad() then frees them (held
-            # here they would stay alive through the next forward and backward).
-            for local in bucket.params:
-                local.grad = None
+    def _ready(self, bucket: _Bucket, rebuilt: bool = False) -> bool:
+        """Re-checks ``bucket`` for this step, before any bucket launches (DTensor parameters' gradients are handed
+        over first); False: a gradient appeared, disappeared or changed, or a parameter changed shape or storage
+        since the bucket was built, and its plan must be rebuilt. Writes no parameter. ``rebuilt``: the bucket was
+        built for this step, and an error of the native check is raised as it is."""
+        if bucket.sources is not None and not bucket.hand_over_gradients():
+            bucket.let_go_of_gradients()
+            if bucket.versions:  # (what was loaded into the new local tensors, before the plan is rebuilt)
+                self._resync_loaded(bucket)
+            return False
+        if bucket.backend != "native":
+            ready = bucket.still_valid()
+        else:
+            try:
+                ready = bucket.table.refresh()  # (re-reads the gradients in C++, and arms the table's next step)
+            except RuntimeError:  # a gradient of another shape: the rebuilt plan refuses it, naming the parameter
+                if rebuilt:
+                    raise
+                ready = False
+        if not ready:
+            bucket.let_go_of_gradients()
+        return ready
 
-    def _launch_params(self, bucket: _Bucket, group: dict[str, Any], lr, lr_tensor, grad_scale, found_inf) -> bool:
-        hyper = self._hyper(group, bucket)
+    def _ready_plans(self) -> list[tuple[_Plan, Any, list[tuple[float, torch.Tensor | None]]]]:
+        """Per param group: its plan, hyperparameters and each bucket's :meth:`_lr_arguments`, with every bucket
+        ready to launch. Everything that can refuse the step is checked here, before any bucket steps: a refused
+        step (a NaN lr, an option set to a value the constructor refuses, a parameter whose state no longer fits)
+        leaves every parameter and all state as they were."""
+        prepared = []
+        for index, group in enumerate(self.param_groups):
+            plan = self._plan(index, group)
+            lrs = [self._lr_arguments(group["lr"], bucket.device) for bucket in plan.buckets]
+            prepared.append((plan, self._hyper(group), lrs))
+        for index, group in enumerate(self.param_groups):
+            plan, hyper, _ = prepared[index]
+            if all(self._ready(bucket) for bucket in plan.buckets):
+                continue
+            for bucket in plan.buckets:
+                bucket.let_go_of_gradients()
+            # Rebuilt (which names what cannot step) before any bucket launches; built from the gradients of now.
+            del self._plans[index]
+            plan = self._plans[index] = self._build_plan(index, group)
+            if not all(self._ready(bucket, rebuilt=True) for bucket in plan.buckets):
+                raise RuntimeError(f"{type(self).__name__}: internal error: a freshly built plan was stale")
+            prepared[index] = (plan, hyper, [self._lr_arguments(group["lr"], b.device) for b in plan.buckets])
+        return prepared
+
+    def _launch(self, bucket: _Bucket, hyper, lr, lr_tensor, grad_scale, found_inf) -> None:
+        """Steps one bucket, made ready by :meth:`_ready`."""
         if bucket.versions:
             self._resync_loaded(bucket)
-        step = getattr(bucket.table, f"step_{self._KIND}") if bucket.backend != "torch" else None
-        if bucket.backend == "native":  # re-checks the gradients in C++ and says whether it launched
-            return step(lr, lr_tensor, grad_scale=grad_scale, found_inf=found_inf, **hyper)
-        if not bucket.still_valid():
-            return False
+        if bucket.backend == "native":
+            getattr(bucket.table, f"step_{self._KIND}")(lr, lr_tensor, hyper, grad_scale, found_inf)
+            return
         grads = [p.grad for p in bucket.params]
         lr_value = lr_tensor if lr_tensor is not None else lr
         if bucket.backend == "triton":
-            step(grads, lr_value, grad_scale, found_inf, **hyper)
-        else:
-            self._reference_step(bucket, grads, lr_value, grad_scale, found_inf, hyper)
-            if bucket.versions:  # the reference writes the parameters with copy_, which counts as a version
-                self._record_synced(bucket, bucket.param_versions())
-        return True
+            getattr(bucket.table, f"step_{self._KIND}")(grads, lr_value, grad_scale, found_inf, hyper)
+            return
+        self._reference_step(bucket, grads, lr_value, grad_scale, found_inf, hyper)
+        if bucket.versions:  # the reference writes the parameters with copy_, which counts as a version
+            self._record_synced(bucket, bucket.param_versions())
 
     def _record_synced(self, bucket: _Bucket, versions: list[tuple[int, int]]) -> None:
         """The masters of ``bucket`` are in sync with its parameters as ``versions`` describes them."""
@@ -673,18 +723,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     continue
                 master.copy_(p)
         self._record_synced(bucket, versions)
-
-    def _step_buckets(self, buckets, group, grad_scale, found_inf, on, lrs=None) -> list[int] | None:
-        """Steps ``buckets`` in order (``lrs``: their :meth:`_lr_arguments`, when already taken); None when all
-        stepped, else the ids of the parameters stepped before the first stale bucket."""
-        for done, bucket in enumerate(buckets):
-            lr, lr_tensor = self._lr_arguments(group["lr"], bucket.device) if lrs is None else lrs[done]
-            if not self._launch(
-                bucket, group, lr, lr_tensor, on(grad_scale, bucket.device), on(found_inf, bucket.device)
-            ):
-                # Only here, on the rare stale step, walk the parameters: 10k ids every step cost ~0.4 ms.
-                return [id(p) for stepped in buckets[:done] for p in stepped.params]
-        return None
 
     @torch.no_grad()
     def step(
@@ -724,25 +762,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 per_device[key] = dispatch.to_kernel_device(t, device)
             return per_device[key]
 
-        # Every group's plan and arguments first: a step refused for one group (its lr set to NaN, an option set
-        # to a value the constructor refuses) leaves every group as it was, not the groups before it stepped.
-        plans = []
-        for index, group in enumerate(self.param_groups):
-            plan = self._plan(index, group)
-            lrs = [self._lr_arguments(group["lr"], bucket.device) for bucket in plan.buckets]
-            for bucket in plan.buckets:
-                self._hyper(group, bucket)
-            plans.append((plan, lrs))
-        for index, (group, (plan, lrs)) in enumerate(zip(self.param_groups, plans, strict=True)):
-            stepped = self._step_buckets(plan.buckets, group, grad_scale, found_inf, on, lrs)
-            if stepped is not None:
-                # A gradient appeared, disappeared or changed dtype since the plan was built. Each bucket checks its
-                # gradients before it launches, so the buckets before the stale one stepped correctly: step the
-                # rest from a plan without them, and build the full plan again on the next step.
-                self._plans.pop(index, None)
-                rest = self._build_plan(index, group, exclude=frozenset(stepped))
-                if self._step_buckets(rest.buckets, group, grad_scale, found_inf, on) is not None:
-                    raise RuntimeError(f"{type(self).__name__}: internal error: a freshly built plan was stale")
+        try:
+            for plan, hyper, lrs in self._ready_plans():
+                for bucket, (lr, lr_tensor) in zip(plan.buckets, lrs, strict=True):
+                    device = bucket.device
+                    self._launch(bucket, hyper, lr, lr_tensor, on(grad_scale, device), on(found_inf, device))
+        finally:
+            for plan in self._plans.values():
+                for bucket in plan.buckets:
+                    bucket.let_go_of_gradients()
         return loss
 
 
@@ -986,20 +1014,8 @@ class FusedAdam(_FusedOptimizer):
 
     # ---- the step ----
 
-    def _hyper(self, group, bucket):
-        beta1, beta2 = group["betas"]
-        hyper = dict(
-            beta1=float(beta1),
-            beta2=float(beta2),
-            eps=float(group["eps"]),
-            weight_decay=float(group["weight_decay"]),
-            amsgrad=bool(group["amsgrad"]),
-            maximize=bool(group["maximize"]),
-            decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
-        )
-        if bucket.layout is not None:
-            hyper.update(stochastic_rounding=bool(group["stochastic_rounding"]), seed=int(group["seed"]))
-        return hyper
+    def _hyper(self, group):
+        return AdamHyperparameters.of_group(group)
 
     def _reference_step(self, bucket, grads, lr, grad_scale, found_inf, hyper):
         if bucket.layout is not None:
@@ -1017,10 +1033,10 @@ class FusedAdam(_FusedOptimizer):
                 salts=[salt for *_, salt, _ in bucket.layout],
                 offsets=[offset for *_, offset in bucket.layout],
                 lr=lr,
+                hyper=hyper,
                 grad_scale=grad_scale,
                 found_inf=found_inf,
                 master_params=masters,
-                **hyper,
             )
             return
         exp_avgs, exp_avg_sqs, max_sqs, masters, steps = bucket.lists
@@ -1032,10 +1048,10 @@ class FusedAdam(_FusedOptimizer):
             max_sqs,
             steps,
             lr=lr,
+            hyper=hyper,
             grad_scale=grad_scale,
             found_inf=found_inf,
             master_params=masters,
-            **hyper,
         )
 
 
@@ -1163,14 +1179,8 @@ class FusedSGD(_FusedOptimizer):
         step = state_formats.step_count(state, p, default=1.0 if had_buffer else 0.0)
         return [buf, None, None, master, step]
 
-    def _hyper(self, group, bucket):
-        return dict(
-            momentum=float(group["momentum"]),
-            dampening=float(group["dampening"]),
-            weight_decay=float(group["weight_decay"]),
-            nesterov=bool(group["nesterov"]),
-            maximize=bool(group["maximize"]),
-        )
+    def _hyper(self, group):
+        return SgdHyperparameters.of_group(group)
 
     def _reference_step(self, bucket, grads, lr, grad_scale, found_inf, hyper):
         bufs, _, _, masters, steps = bucket.lists
@@ -1180,8 +1190,8 @@ class FusedSGD(_FusedOptimizer):
             bufs,
             steps,
             lr=lr,
+            hyper=hyper,
             grad_scale=grad_scale,
             found_inf=found_inf,
             master_params=masters,
-            **hyper,
         )
