@@ -20,6 +20,7 @@ from ampkernels.float8.reference import (
 )
 from ampkernels.loss.reference import cross_entropy_chunk, linear_cross_entropy
 from ampkernels.matmul.reference import scaled_matmul, scaled_matmul_float8
+from ampkernels.optim.hyperparameters import AdamHyperparameters, SgdHyperparameters
 from ampkernels.optim.reference import (
     adam_step,
     adam_step_blockwise,
@@ -41,6 +42,7 @@ from ampkernels.scaler.reference import (
 )
 
 __all__ = [
+    "AdamHyperparameters",
     "FLOAT32_TINY",
     "FLOAT8_AMAX_FLOOR",
     "FLOAT8_GRANULARITIES",
@@ -64,6 +66,7 @@ __all__ = [
     "rounding_key",
     "scaled_matmul",
     "scaled_matmul_float8",
+    "SgdHyperparameters",
     "sgd_step",
     "silu_mul",
     "stochastic_round_to_bf16",

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/constants.h"
@@ -35,8 +36,63 @@ bool same_params(const pybind11::list& groups, const pybind11::tuple& flat) {
   return k == total;
 }
 
+// How a hyperparameter field's C++ type appears in the Python dataclass (its annotation).
+template <typename T>
+const char* field_kind() {
+  if constexpr (std::is_same_v<T, bool>)
+    return "bool";
+  else if constexpr (std::is_floating_point_v<T>)
+    return "float";
+  else
+    return "int";
+}
+
+// Field `name` of a hyperparameters object (ampkernels/optim/hyperparameters.py) as a T.
+template <typename T>
+T hyperparameter(pybind11::handle src, const char* name) {
+  pybind11::object value;
+  try {
+    value = src.attr(name);
+    return value.cast<T>();
+  } catch (const pybind11::error_already_set& e) {
+    if (!e.matches(PyExc_AttributeError)) throw;
+  } catch (const pybind11::cast_error&) {
+  }
+  throw pybind11::type_error(message("ampkernels: argument 'hyper': expected a dataclass of ",
+                                     "ampkernels.optim.hyperparameters with the ", field_kind<T>(), " field '", name,
+                                     "', got ", pybind11::repr(value ? value : src).cast<std::string>()));
+}
+
 }  // namespace
 }  // namespace ampkernels
+
+// AdamHyperparameters and SgdHyperparameters from the Python dataclasses of the same names, read field by field
+// (optimizer.h lists the fields): converted once per bucket and step, where the step enters C++.
+#define AMPK_READ_FIELD(type, name) value.name = ampkernels::hyperparameter<type>(src, #name);
+#define AMPK_WRITE_FIELD(type, name) out[#name] = h.name;
+#define AMPK_HYPERPARAMETERS_CASTER(Type, FIELDS)                                                  \
+  template <>                                                                                      \
+  struct type_caster<ampkernels::Type> {                                                           \
+    PYBIND11_TYPE_CASTER(ampkernels::Type, const_name(#Type));                                     \
+    bool load(handle src, bool) {                                                                  \
+      FIELDS(AMPK_READ_FIELD)                                                                      \
+      return true;                                                                                 \
+    }                                                                                              \
+    static handle cast(const ampkernels::Type& h, return_value_policy, handle) {                   \
+      dict out;                                                                                    \
+      FIELDS(AMPK_WRITE_FIELD)                                                                     \
+      return out.release();                                                                        \
+    }                                                                                              \
+  };
+namespace pybind11 {
+namespace detail {
+AMPK_HYPERPARAMETERS_CASTER(AdamHyperparameters, AMPK_ADAM_HYPERPARAMETERS)
+AMPK_HYPERPARAMETERS_CASTER(SgdHyperparameters, AMPK_SGD_HYPERPARAMETERS)
+}  // namespace detail
+}  // namespace pybind11
+#undef AMPK_HYPERPARAMETERS_CASTER
+#undef AMPK_WRITE_FIELD
+#undef AMPK_READ_FIELD
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "ampkernels native extension: CPU kernels always, CUDA kernels when built with a CUDA toolkit";
@@ -100,6 +156,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("sparse_params", &ampkernels::GradTable::sparse_params)
       .def_property_readonly("rebuilds", &ampkernels::GradTable::rebuilds)
       .def("addresses", &ampkernels::GradTable::addresses);
+  // (name, kind) of each field of the hyperparameter structs (optimizer.h), for the test that compares them with
+  // the Python dataclasses.
+#define AMPK_FIELD_ENTRY(type, name) fields.append(pybind11::make_tuple(#name, ampkernels::field_kind<type>()));
+  {
+    pybind11::list fields;
+    AMPK_ADAM_HYPERPARAMETERS(AMPK_FIELD_ENTRY)
+    m.attr("adam_hyperparameter_fields") = pybind11::tuple(fields);
+  }
+  {
+    pybind11::list fields;
+    AMPK_SGD_HYPERPARAMETERS(AMPK_FIELD_ENTRY)
+    m.attr("sgd_hyperparameter_fields") = pybind11::tuple(fields);
+  }
+#undef AMPK_FIELD_ENTRY
   pybind11::class_<ampkernels::OptimizerTable>(m, "OptimizerTable")
       .def(pybind11::init([](const std::string& kind, std::vector<at::Tensor> params,
                              std::vector<std::vector<at::Tensor>> state, std::vector<at::Tensor> watch,
@@ -109,28 +179,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            }),
            pybind11::arg("kind"), pybind11::arg("params"), pybind11::arg("state"), pybind11::arg("watch"),
            pybind11::arg("grad_dtype"))
-      .def(
-          "step_adam",
-          [](ampkernels::OptimizerTable& t, double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
-             double eps, double weight_decay, bool amsgrad, bool maximize, bool decoupled,
-             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-            return t.step_adam(lr, lr_tensor, beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled,
-                               grad_scale, found_inf);
-          },
-          pybind11::arg("lr"), pybind11::arg("lr_tensor"), pybind11::arg("beta1"), pybind11::arg("beta2"),
-          pybind11::arg("eps"), pybind11::arg("weight_decay"), pybind11::arg("amsgrad"), pybind11::arg("maximize"),
-          pybind11::arg("decoupled_weight_decay"), pybind11::arg("grad_scale"), pybind11::arg("found_inf"))
-      .def(
-          "step_sgd",
-          [](ampkernels::OptimizerTable& t, double lr, const std::optional<at::Tensor>& lr_tensor, double momentum,
-             double dampening, double weight_decay, bool nesterov, bool maximize,
-             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-            return t.step_sgd(lr, lr_tensor, momentum, dampening, weight_decay, nesterov, maximize, grad_scale,
-                              found_inf);
-          },
-          pybind11::arg("lr"), pybind11::arg("lr_tensor"), pybind11::arg("momentum"), pybind11::arg("dampening"),
-          pybind11::arg("weight_decay"), pybind11::arg("nesterov"), pybind11::arg("maximize"),
-          pybind11::arg("grad_scale"), pybind11::arg("found_inf"))
+      .def("refresh", &ampkernels::OptimizerTable::refresh)
+      .def("step_adam", &ampkernels::OptimizerTable::step_adam, pybind11::arg("lr"), pybind11::arg("lr_tensor"),
+           pybind11::arg("hyper"), pybind11::arg("grad_scale"), pybind11::arg("found_inf"))
+      .def("step_sgd", &ampkernels::OptimizerTable::step_sgd, pybind11::arg("lr"), pybind11::arg("lr_tensor"),
+           pybind11::arg("hyper"), pybind11::arg("grad_scale"), pybind11::arg("found_inf"))
       .def_property_readonly("uploads", &ampkernels::OptimizerTable::uploads)
       .def("addresses", &ampkernels::OptimizerTable::addresses);
 
@@ -140,11 +193,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           at::ScalarType>(),
            pybind11::arg("params"), pybind11::arg("state"), pybind11::arg("layout"), pybind11::arg("watch"),
            pybind11::arg("grad_dtype"))
+      .def("refresh", &ampkernels::BlockwiseAdamTable::refresh)
       .def("step_adam", &ampkernels::BlockwiseAdamTable::step_adam, pybind11::arg("lr"), pybind11::arg("lr_tensor"),
-           pybind11::arg("beta1"), pybind11::arg("beta2"), pybind11::arg("eps"), pybind11::arg("weight_decay"),
-           pybind11::arg("amsgrad"), pybind11::arg("maximize"), pybind11::arg("decoupled_weight_decay"),
-           pybind11::arg("grad_scale"), pybind11::arg("found_inf"), pybind11::arg("stochastic_rounding"),
-           pybind11::arg("seed"))
+           pybind11::arg("hyper"), pybind11::arg("grad_scale"), pybind11::arg("found_inf"))
       .def_property_readonly("uploads", &ampkernels::BlockwiseAdamTable::uploads)
       .def("addresses", &ampkernels::BlockwiseAdamTable::addresses);
 }

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from ampkernels import dispatch
-from ampkernels._constants import QUANT_MIN_NUMEL, STATE_BF16, STATE_F32, STATE_Q4, STATE_Q8
-from ampkernels.optim import reference
+from ampkernels.optim import reference, state_formats
+from ampkernels.optim.hyperparameters import AdamHyperparameters, SgdHyperparameters
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -42,52 +42,6 @@ _BLOCKWISE_KEYS = (
     "step",
 )
 _MASTER_ROW = {len(_ADAM_KEYS): 3, len(_BLOCKWISE_KEYS): 5}
-
-# exp_avg_dtype / exp_avg_sq_dtype values -> (canonical value kept in the param group, storage format).
-_MOMENT_DTYPES = {
-    torch.float32: STATE_F32,
-    torch.bfloat16: STATE_BF16,
-    torch.uint8: STATE_Q8,
-    torch.uint4: STATE_Q4,
-}
-_MOMENT_ALIASES = {
-    "8bit": torch.uint8,
-    "4bit": torch.uint4,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-# The names a state_dict's param groups save those dtypes under: torch.distributed.checkpoint's full_state_dict
-# gathering takes tensors and plain Python values only (a torch.dtype fails it: "Unexpected value type").
-_MOMENT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.uint8: "8bit", torch.uint4: "4bit"}
-_QUANTIZED = (STATE_Q8, STATE_Q4)
-# A quantized moment's state names its code's width: state["exp_avg_bits"] = 8 (checkpoints say what they hold; an
-# int, as torch's load_state_dict would take a string apart).
-_CODE_NAMES = {STATE_Q8: 8, STATE_Q4: 4}
-_CODE_FORMATS = {name: fmt for fmt, name in _CODE_NAMES.items()}
-# The names a state_dict saves quantized moments under. torch's optimizers read 'exp_avg' and 'exp_avg_sq' as float
-# moments, and their load_state_dict casts uint8 codes to float without a word: under other names their step fails
-# instead (KeyError 'exp_avg'). Inside the optimizer the codes keep the moment's own name.
-_SAVED_CODES_KEYS = {"exp_avg": "exp_avg_codes", "exp_avg_sq": "exp_avg_sq_codes"}
-_FORMAT_DTYPES = {STATE_F32: torch.float32, STATE_BF16: torch.bfloat16}
-
-
-def _is_codes(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8
-
-
-def _moment_dtype(value: Any, name: str) -> torch.dtype | None:
-    """The canonical ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` of ``value`` (None: the default)."""
-    if value is None:
-        return None
-    dtype = _MOMENT_ALIASES.get(value, value) if isinstance(value, str) else value
-    if not isinstance(dtype, torch.dtype) or dtype not in _MOMENT_DTYPES:  # (a list or dict is not hashable)
-        raise ValueError(
-            f"{name} must be None, torch.float32 / 'fp32', torch.bfloat16 / 'bf16', torch.uint8 / '8bit' or "
-            f"torch.uint4 / '4bit', got {value!r}"
-        )
-    return dtype
 
 
 def _is_dtensor(t: Any) -> bool:
@@ -182,19 +136,26 @@ class _Bucket:
         return self.params if self.sources is None else self.sources
 
     def hand_over_gradients(self) -> bool:
-        """False (nothing handed over) when a parameter has another local tensor than the bucket steps: FSDP2 gives
-        an FP8-all-gather weight's padded shard a new one when it re-pads it (after ``load_state_dict``, ``.to()``)."""
+        """False when a parameter has another local tensor than the bucket steps: FSDP2 gives an FP8-all-gather
+        weight's padded shard a new one when it re-pads it (after ``load_state_dict``, ``.to()``)."""
         for local, p in zip(self.params, self.sources, strict=True):  # (one pass: it runs every step)
             if _local(p) is not local:
                 return False  # (the caller lets go of what was handed over so far)
             local.grad = None if p.grad is None else _local(p.grad)
         return True
 
+    def let_go_of_gradients(self) -> None:
+        """The local tensors of DTensor parameters drop the gradients handed over to them, once the step is queued
+        (or refused): zero_grad() then frees them (held here they would stay alive through the next backward)."""
+        if self.sources is not None:
+            for local in self.params:
+                local.grad = None
+
     def still_valid(self) -> bool:
-        """For the Python backends: the gradients are where the bucket was built for, and the parameters have the
-        shapes their state was made for (native: checked in C++, which sees any new parameter storage)."""
+        """For the Python backends: the gradients are where the bucket was built for, and the parameters and their
+        gradients have the shapes the state was made for (native: checked in C++, which sees any new storage)."""
         return all(
-            p.grad is not None and p.grad.dtype == self.grad_dtype and p.shape == shape
+            p.grad is not None and p.grad.dtype == self.grad_dtype and p.shape == shape and p.grad.shape == shape
             for p, shape in zip(self.params, self.shapes, strict=True)
         ) and all(p.grad is None for p in self.watch)
 
@@ -453,47 +414,19 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _check_saved_tensor(self, key: str, value: Any, entry: dict, p: torch.Tensor, group: dict, where: str) -> None:
         """Checks one saved state entry of parameter (or local shard) ``p``, saved with param group ``group``."""
-        if key not in self._STATE_KEYS:
-            return
-        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-            raise TypeError(f"{where} must be a floating-point tensor, got {type(value).__name__}")
-        if value.shape != p.shape:
-            raise ValueError(f"{where} has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}")
+        if key in self._STATE_KEYS:
+            state_formats.check_saved_float(key, value, p.shape, where)
 
     # ---- state ----
 
     def _state_dtype(self, p: torch.Tensor, group: dict[str, Any]) -> torch.dtype:
         return torch.float32 if group["master_weights"] and p.dtype != torch.float32 else p.dtype
 
-    def _state_tensor(self, state: dict, key: str, p: torch.Tensor, dtype: torch.dtype, init=None) -> torch.Tensor:
-        """``state[key]`` as a tensor shaped and strided like ``p`` of ``dtype`` on ``p``'s device (created or
-        converted; a conversion happens only when a loaded state_dict differs, e.g. torch's CPU steps)."""
-        value = state.get(key)
-        if value is None:
-            value = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
-            if init is not None:
-                value.copy_(init)
-        elif value.dtype != dtype or value.device != p.device or value.stride() != p.stride():
-            value = torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format).copy_(value)
-        state[key] = value
-        return value
-
-    def _step_tensor(self, state: dict, p: torch.Tensor, default: float = 0.0) -> torch.Tensor:
-        value = state.get("step")
-        if value is None:
-            value = torch.tensor(default, dtype=torch.float32, device=p.device)
-        elif not isinstance(value, torch.Tensor):
-            value = torch.tensor(float(value), dtype=torch.float32, device=p.device)
-        elif value.dtype != torch.float32 or value.device != p.device or value.dim() != 0:
-            value = value.to(device=p.device, dtype=torch.float32).reshape(())
-        state["step"] = value
-        return value
-
     def _master_tensor(self, state: dict, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor | None:
         if not (group["master_weights"] and p.dtype != torch.float32):
             state.pop("master_param", None)  # master weights turned off: the parameter is the truth
             return None
-        return self._state_tensor(state, "master_param", p, torch.float32, init=p.detach())
+        return state_formats.float_state(state, "master_param", p, torch.float32, init=p.detach())
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any], blockwise: bool) -> list[torch.Tensor | None]:
         """Creates or normalises ``self.state[p]`` (tensors shaped like ``p``'s local shard); returns its tensors in
@@ -528,8 +461,32 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Group options that change which state tensors exist (a change rebuilds the plan)."""
         raise NotImplementedError
 
-    def _build_plan(self, index: int, group: dict[str, Any], exclude: frozenset[int] = frozenset()) -> _Plan:
-        """Buckets for the group's parameters with a gradient (``exclude``: ids of parameters to leave out)."""
+    def _build_plan(self, index: int, group: dict[str, Any]) -> _Plan:
+        """Buckets for the group's parameters with a gradient. Everything that can refuse them is checked before
+        any state is created or converted."""
+        with_grad, watch = self._params_to_step(index, group)
+        grouped: dict[tuple, list[torch.Tensor]] = {}
+        for p in with_grad:
+            grouped.setdefault((_local(p).device, p.dtype, p.grad.dtype, _local(p) is not p), []).append(p)
+        salt: dict[int, int] = {}
+        planned = []
+        for (device, dtype, grad_dtype, wrapped), params in grouped.items():
+            blockwise = self._blockwise(group, dtype)
+            backend = dispatch.select("adam_blockwise" if blockwise else self._KIND, device, self._requested_backend)
+            layout = None
+            if blockwise:
+                if backend != "torch":
+                    self._check_rounding_layout(index, group, params, backend)
+                if not salt:  # the rounding stream's salt: each parameter's index in the optimizer, as on every rank
+                    salt = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
+                layout = [self._layout_of(p, group, salt[id(p)]) for p in params]
+            planned.append((device, grad_dtype, wrapped, params, backend, layout))
+        # Only the first bucket watches the group's gradient-less params: one check per step is enough.
+        buckets = [self._bucket(group, *spec, watch if i == 0 else []) for i, spec in enumerate(planned)]
+        return _Plan(tuple(group["params"]), self._options(group), buckets)
+
+    def _params_to_step(self, index: int, group: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(the group's parameters with a gradient, the local tensors of those without), each checked."""
         name = type(self).__name__
         with_grad, watch = [], []
         # Two entries over one memory would be stepped twice, racing in the parallel kernels. One gradient tensor
@@ -537,88 +494,78 @@ class _FusedOptimizer(torch.optim.Optimizer):
         param_at: dict[tuple[torch.device, int], int] = {}
         for i, p in enumerate(group["params"]):
             local = _local(p)
+            where = f"parameter {i} of param group {index}"
             if local.is_meta:
                 raise RuntimeError(
-                    f"{name}: parameter {i} of param group {index} is on the meta device, with no memory to step. "
-                    "Materializing a model (to_empty) gives it new parameters: build the optimizer after that"
+                    f"{name}: {where} is on the meta device, with no memory to step. Materializing a model "
+                    "(to_empty) gives it new parameters: build the optimizer after that"
                 )
             if local.numel() and param_at.setdefault((local.device, local.data_ptr()), i) != i:
                 raise ValueError(
                     f"{name}: parameters {param_at[(local.device, local.data_ptr())]} and {i} of param group "
                     f"{index} are the same tensor (or share its memory); list each parameter once"
                 )
-            if id(p) in exclude:
-                continue
             g = p.grad
             if g is None:
                 watch.append(local)
                 continue
             if g.is_sparse or g.layout != torch.strided:
-                raise RuntimeError(f"{name} does not support sparse gradients (parameter {i} of param group {index})")
+                raise RuntimeError(f"{name} does not support sparse gradients ({where})")
             if g.dtype not in _KERNEL_DTYPES:
                 raise TypeError(
-                    f"{name}: parameter {i} of param group {index} has a {g.dtype} gradient; "
-                    "the fused kernels take float32, float16 and bfloat16 gradients"
+                    f"{name}: {where} has a {g.dtype} gradient; the fused kernels take float32, float16 and "
+                    "bfloat16 gradients"
                 )
             if _local(g).device != local.device:
-                raise RuntimeError(
-                    f"{name}: parameter {i} of param group {index} is on {local.device} but its gradient on "
-                    f"{_local(g).device}"
-                )
+                raise RuntimeError(f"{name}: {where} is on {local.device} but its gradient on {_local(g).device}")
             if _is_dtensor(p) != _is_dtensor(g):
-                raise RuntimeError(f"{name}: parameter {i} of param group {index}: a DTensor and a plain tensor")
+                raise RuntimeError(f"{name}: {where}: a DTensor and a plain tensor")
+            if g.shape != p.shape:  # (``p.grad.data = t`` gets past the .grad setter's check)
+                raise RuntimeError(
+                    f"{name}: {where} has shape {tuple(p.shape)} but its gradient has shape {list(g.shape)}"
+                )
             self._check_state_shapes(p, i, index)
             with_grad.append(p)
+        return with_grad, watch
 
-        grouped: dict[tuple, list[torch.Tensor]] = {}
-        for p in with_grad:
-            grouped.setdefault((_local(p).device, p.dtype, p.grad.dtype, _local(p) is not p), []).append(p)
-        buckets = []
-        for (device, dtype, grad_dtype, wrapped), params in grouped.items():
-            blockwise = self._blockwise(group, dtype)
-            backend = dispatch.select("adam_blockwise" if blockwise else self._KIND, device, self._requested_backend)
-            if blockwise and backend != "torch":
-                self._check_rounding_layout(index, group, params, backend)
-            states = [self._init_state(p, group, blockwise) for p in params]
-            keys = _BLOCKWISE_KEYS if blockwise else self._STATE_KEYS
-            lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(keys))]
-            locals_ = [_local(p) for p in params]
-            # Only the first bucket watches the group's gradient-less params: one check per step is enough.
-            bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch if not buckets else [])
-            bucket.shapes = [x.shape for x in locals_]
-            if wrapped:
-                bucket.sources = params
-                bucket.hand_over_gradients()
-            if bucket.masters:
-                # Master weights created from (or loaded for) the parameters as they are now, or kept from an
-                # earlier plan: those of parameters written since (``p.data = t`` before an option changed, or in a
-                # bucket after the one found stale) are copied from the parameters first.
-                versions = bucket.param_versions()
-                for p, master, version in zip(params, bucket.masters, versions, strict=True):
-                    if self._master_synced.get(id(p), version) != version:
-                        master.copy_(_local(p))
-                self._record_synced(bucket, versions)
+    def _bucket(self, group, device, grad_dtype, wrapped, params, backend, layout, watch) -> _Bucket:
+        """The bucket of ``params`` (checked by :meth:`_build_plan`): their state, created or converted, and the
+        launch table of ``backend``."""
+        blockwise = layout is not None
+        states = [self._init_state(p, group, blockwise) for p in params]
+        keys = _BLOCKWISE_KEYS if blockwise else self._STATE_KEYS
+        lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(keys))]
+        locals_ = [_local(p) for p in params]
+        bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch, layout=layout)
+        bucket.shapes = [x.shape for x in locals_]
+        if wrapped:
+            bucket.sources = params
+            bucket.hand_over_gradients()
+        if bucket.masters:
+            # Master weights created from (or loaded for) the parameters as they are now, or kept from an earlier
+            # plan: those of parameters written since (``p.data = t`` before an option changed, or in a bucket
+            # after the one found stale) are copied from the parameters first.
+            versions = bucket.param_versions()
+            for p, master, version in zip(params, bucket.masters, versions, strict=True):
+                if self._master_synced.get(id(p), version) != version:
+                    master.copy_(_local(p))
+            self._record_synced(bucket, versions)
+        if backend == "native":
+            native = dispatch.native()
             if blockwise:
-                # The rounding stream's salt: each parameter's index in the optimizer, the same on every rank.
-                salt = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
-                bucket.layout = [self._layout_of(p, group, salt[id(p)]) for p in params]
-            if backend == "native":
-                native = dispatch.native()
-                if blockwise:
-                    bucket.table = native.BlockwiseAdamTable(locals_, lists, bucket.layout, bucket.watch, grad_dtype)
-                else:
-                    bucket.table = native.OptimizerTable(self._KIND, locals_, lists, bucket.watch, grad_dtype)
-            elif backend == "triton":
-                if blockwise:
-                    from ampkernels.optim.triton import blockwise as triton_blockwise
+                bucket.table = native.BlockwiseAdamTable(locals_, lists, layout, watch, grad_dtype)
+            else:
+                bucket.table = native.OptimizerTable(self._KIND, locals_, lists, watch, grad_dtype)
+        elif backend == "triton":
+            if blockwise:
+                from ampkernels.optim.triton import blockwise as triton_blockwise
 
-                    bucket.table = triton_blockwise.BlockwiseStepTable(locals_, lists, bucket.layout)
-                else:
-                    from ampkernels.optim.triton import optimizers as triton_optimizers
+                bucket.table = triton_blockwise.BlockwiseStepTable(locals_, lists, layout)
+            else:
+                from ampkernels.optim.triton import optimizers as triton_optimizers
 
-                    bucket.table = triton_optimizers.StepTable(self._KIND, locals_, lists)
-            buckets.append(bucket)
-        return _Plan(tuple(group["params"]), self._options(group), buckets)
+                bucket.table = triton_optimizers.StepTable(self._KIND, locals_, lists)
+        return bucket
 
     def _check_state_shapes(self, p: torch.Tensor, i: int, index: int) -> None:
         """The state of parameter ``i`` of param group ``index`` has the shapes the parameter's (local) shape gives
@@ -631,17 +578,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         for key, value in state.items():
             if key == "step" or not isinstance(value, torch.Tensor):
                 continue
-            expected = local.shape
-            if value.dtype == torch.uint8:  # quantized codes, or their block exponents
-                moment = key.removesuffix("_scale")
-                fmt = _CODE_FORMATS.get(state.get(f"{moment}_bits"))
-                if fmt is not None and local.dim() >= 1:
-                    codes_shape, scales_shape = reference.quant_layout(local.shape, fmt)
-                    expected = scales_shape if key.endswith("_scale") else codes_shape
-            if tuple(value.shape) != tuple(expected):
+            expected = state_formats.expected_shape(state, key, value, local.shape)
+            if tuple(value.shape) != expected:
                 raise RuntimeError(
                     f"{type(self).__name__}: parameter {i} of param group {index} has shape {tuple(local.shape)}, but "
-                    f"its state '{key}' has shape {tuple(value.shape)} (expected {tuple(expected)}): the parameter "
+                    f"its state '{key}' has shape {tuple(value.shape)} (expected {expected}): the parameter "
                     "changed shape since its state was made (p.data = a tensor of another shape?). Give it back its "
                     "shape, or drop its state (del optimizer.state[p]) to start it afresh"
                 )
@@ -651,16 +592,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return False
 
     def _layout_of(self, p: torch.Tensor, group: dict[str, Any], salt: int) -> tuple[int, int, int, int, int]:
+        """The blockwise step's (first format, second format, row length, salt, shard offset) of ``p``."""
         raise NotImplementedError
 
     def _check_rounding_layout(self, index: int, group: dict[str, Any], params: list, backend: str) -> None:
         """Subclasses: refuse parameters whose blockwise step ``backend`` cannot compute as the reference does."""
 
-    def _plan(self, index: int, group: dict[str, Any], rebuild: bool = False) -> _Plan:
+    def _plan(self, index: int, group: dict[str, Any]) -> _Plan:
         plan = self._plans.get(index)
         if (
-            rebuild
-            or plan is None
+            plan is None
             or plan.options != self._options(group)
             or not dispatch.same_params([group["params"]], plan.params)
             or (not plan.buckets and any(p.grad is not None for p in group["params"]))
@@ -691,47 +632,75 @@ class _FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"ampkernels: argument 'lr': expected a 1-element floating-point tensor, got {lr.dtype}")
         return 0.0, lr if lr.dtype == torch.float32 else lr.reshape(()).to(torch.float32)
 
-    def _hyper(self, group: dict[str, Any], bucket: _Bucket) -> dict[str, Any]:
-        """The group's hyperparameters as the kernels of ``bucket`` take them."""
+    def _hyper(self, group: dict[str, Any]) -> AdamHyperparameters | SgdHyperparameters:
+        """The group's hyperparameters as every backend takes them (built once per group and step)."""
         raise NotImplementedError
 
-    def _reference_step(self, bucket: _Bucket, grads, lr, grad_scale, found_inf, hyper: dict[str, Any]) -> None:
+    def _reference_step(self, bucket: _Bucket, grads, lr, grad_scale, found_inf, hyper) -> None:
         raise NotImplementedError
 
-    def _launch(self, bucket: _Bucket, group: dict[str, Any], lr, lr_tensor, grad_scale, found_inf) -> bool:
-        """Steps one bucket; False (nothing written) when its gradients no longer match the bucket."""
-        if bucket.sources is None:
-            return self._launch_params(bucket, group, lr, lr_tensor, grad_scale, found_inf)
-        try:
-            if not bucket.hand_over_gradients():
-                if bucket.versions:  # (what was loaded into the new local tensors, before the plan is rebuilt)
-                    self._resync_loaded(bucket)
-                return False
-            return self._launch_params(bucket, group, lr, lr_tensor, grad_scale, found_inf)
-        finally:
-            # The local tensors let go of the gradients once the step is queued: zero_grad() then frees them (held
-            # here they would stay alive through the next forward and backward).
-            for local in bucket.params:
-                local.grad = None
+    def _ready(self, bucket: _Bucket, rebuilt: bool = False) -> bool:
+        """Re-checks ``bucket`` for this step, before any bucket launches (DTensor parameters' gradients are handed
+        over first); False: a gradient appeared, disappeared or changed, or a parameter changed shape or storage
+        since the bucket was built, and its plan must be rebuilt. Writes no parameter. ``rebuilt``: the bucket was
+        built for this step, and an error of the native check is raised as it is."""
+        if bucket.sources is not None and not bucket.hand_over_gradients():
+            bucket.let_go_of_gradients()
+            if bucket.versions:  # (what was loaded into the new local tensors, before the plan is rebuilt)
+                self._resync_loaded(bucket)
+            return False
+        if bucket.backend != "native":
+            ready = bucket.still_valid()
+        else:
+            try:
+                ready = bucket.table.refresh()  # (re-reads the gradients in C++, and arms the table's next step)
+            except RuntimeError:  # a gradient of another shape: the rebuilt plan refuses it, naming the parameter
+                if rebuilt:
+                    raise
+                ready = False
+        if not ready:
+            bucket.let_go_of_gradients()
+        return ready
 
-    def _launch_params(self, bucket: _Bucket, group: dict[str, Any], lr, lr_tensor, grad_scale, found_inf) -> bool:
-        hyper = self._hyper(group, bucket)
+    def _ready_plans(self) -> list[tuple[_Plan, Any, list[tuple[float, torch.Tensor | None]]]]:
+        """Per param group: its plan, hyperparameters and each bucket's :meth:`_lr_arguments`, with every bucket
+        ready to launch. Everything that can refuse the step is checked here, before any bucket steps: a refused
+        step (a NaN lr, an option set to a value the constructor refuses, a parameter whose state no longer fits)
+        leaves every parameter and all state as they were."""
+        prepared = []
+        for index, group in enumerate(self.param_groups):
+            plan = self._plan(index, group)
+            lrs = [self._lr_arguments(group["lr"], bucket.device) for bucket in plan.buckets]
+            prepared.append((plan, self._hyper(group), lrs))
+        for index, group in enumerate(self.param_groups):
+            plan, hyper, _ = prepared[index]
+            if all(self._ready(bucket) for bucket in plan.buckets):
+                continue
+            for bucket in plan.buckets:
+                bucket.let_go_of_gradients()
+            # Rebuilt (which names what cannot step) before any bucket launches; built from the gradients of now.
+            del self._plans[index]
+            plan = self._plans[index] = self._build_plan(index, group)
+            if not all(self._ready(bucket, rebuilt=True) for bucket in plan.buckets):
+                raise RuntimeError(f"{type(self).__name__}: internal error: a freshly built plan was stale")
+            prepared[index] = (plan, hyper, [self._lr_arguments(group["lr"], b.device) for b in plan.buckets])
+        return prepared
+
+    def _launch(self, bucket: _Bucket, hyper, lr, lr_tensor, grad_scale, found_inf) -> None:
+        """Steps one bucket, made ready by :meth:`_ready`."""
         if bucket.versions:
             self._resync_loaded(bucket)
-        step = getattr(bucket.table, f"step_{self._KIND}") if bucket.backend != "torch" else None
-        if bucket.backend == "native":  # re-checks the gradients in C++ and says whether it launched
-            return step(lr, lr_tensor, grad_scale=grad_scale, found_inf=found_inf, **hyper)
-        if not bucket.still_valid():
-            return False
+        if bucket.backend == "native":
+            getattr(bucket.table, f"step_{self._KIND}")(lr, lr_tensor, hyper, grad_scale, found_inf)
+            return
         grads = [p.grad for p in bucket.params]
         lr_value = lr_tensor if lr_tensor is not None else lr
         if bucket.backend == "triton":
-            step(grads, lr_value, grad_scale, found_inf, **hyper)
-        else:
-            self._reference_step(bucket, grads, lr_value, grad_scale, found_inf, hyper)
-            if bucket.versions:  # the reference writes the parameters with copy_, which counts as a version
-                self._record_synced(bucket, bucket.param_versions())
-        return True
+            getattr(bucket.table, f"step_{self._KIND}")(grads, lr_value, grad_scale, found_inf, hyper)
+            return
+        self._reference_step(bucket, grads, lr_value, grad_scale, found_inf, hyper)
+        if bucket.versions:  # the reference writes the parameters with copy_, which counts as a version
+            self._record_synced(bucket, bucket.param_versions())
 
     def _record_synced(self, bucket: _Bucket, versions: list[tuple[int, int]]) -> None:
         """The masters of ``bucket`` are in sync with its parameters as ``versions`` describes them."""
@@ -754,18 +723,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     continue
                 master.copy_(p)
         self._record_synced(bucket, versions)
-
-    def _step_buckets(self, buckets, group, grad_scale, found_inf, on, lrs=None) -> list[int] | None:
-        """Steps ``buckets`` in order (``lrs``: their :meth:`_lr_arguments`, when already taken); None when all
-        stepped, else the ids of the parameters stepped before the first stale bucket."""
-        for done, bucket in enumerate(buckets):
-            lr, lr_tensor = self._lr_arguments(group["lr"], bucket.device) if lrs is None else lrs[done]
-            if not self._launch(
-                bucket, group, lr, lr_tensor, on(grad_scale, bucket.device), on(found_inf, bucket.device)
-            ):
-                # Only here, on the rare stale step, walk the parameters: 10k ids every step cost ~0.4 ms.
-                return [id(p) for stepped in buckets[:done] for p in stepped.params]
-        return None
 
     @torch.no_grad()
     def step(
@@ -805,25 +762,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 per_device[key] = dispatch.to_kernel_device(t, device)
             return per_device[key]
 
-        # Every group's plan and arguments first: a step refused for one group (its lr set to NaN, an option set
-        # to a value the constructor refuses) leaves every group as it was, not the groups before it stepped.
-        plans = []
-        for index, group in enumerate(self.param_groups):
-            plan = self._plan(index, group)
-            lrs = [self._lr_arguments(group["lr"], bucket.device) for bucket in plan.buckets]
-            for bucket in plan.buckets:
-                self._hyper(group, bucket)
-            plans.append((plan, lrs))
-        for index, (group, (plan, lrs)) in enumerate(zip(self.param_groups, plans, strict=True)):
-            stepped = self._step_buckets(plan.buckets, group, grad_scale, found_inf, on, lrs)
-            if stepped is not None:
-                # A gradient appeared, disappeared or changed dtype since the plan was built. Each bucket checks its
-                # gradients before it launches, so the buckets before the stale one stepped correctly: step the
-                # rest from a plan without them, and build the full plan again on the next step.
-                self._plans.pop(index, None)
-                rest = self._build_plan(index, group, exclude=frozenset(stepped))
-                if self._step_buckets(rest.buckets, group, grad_scale, found_inf, on) is not None:
-                    raise RuntimeError(f"{type(self).__name__}: internal error: a freshly built plan was stale")
+        try:
+            for plan, hyper, lrs in self._ready_plans():
+                for bucket, (lr, lr_tensor) in zip(plan.buckets, lrs, strict=True):
+                    device = bucket.device
+                    self._launch(bucket, hyper, lr, lr_tensor, on(grad_scale, device), on(found_inf, device))
+        finally:
+            for plan in self._plans.values():
+                for bucket in plan.buckets:
+                    bucket.let_go_of_gradients()
         return loss
 
 
@@ -938,11 +885,11 @@ class FusedAdam(_FusedOptimizer):
     def _check_group(self, group, index, where=None):
         where = where or f"{type(self).__name__}: param group {index}"
         for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
-            group[key] = _moment_dtype(group.get(key), f"{where}: {key}")
+            group[key] = state_formats.option_dtype(group.get(key), f"{where}: {key}")
         seed = group.get("seed")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"{where}: seed must be an int in [0, 2**63), got {seed!r}")
-        if group["amsgrad"] and _MOMENT_DTYPES.get(group["exp_avg_sq_dtype"]) in _QUANTIZED:
+        if group["amsgrad"] and state_formats.quantized_option(group["exp_avg_sq_dtype"]):
             raise ValueError(f"{where}: amsgrad needs a float32 or bfloat16 exp_avg_sq_dtype, not a quantized one")
         if group["stochastic_rounding"]:
             if group["master_weights"]:
@@ -963,16 +910,7 @@ class FusedAdam(_FusedOptimizer):
         if dtype is None:  # the default of the fused step: the state dtype, float32 where that is float16
             dtype = self._state_dtype(p, group)
             dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-        fmt = _MOMENT_DTYPES[dtype]
-        if fmt in _QUANTIZED:
-            if p.dim() < 2 or p.numel() < QUANT_MIN_NUMEL:
-                return STATE_F32
-            if not _local(p).is_contiguous():
-                raise ValueError(
-                    f"{type(self).__name__}: {key}={dtype} needs contiguous parameters (blocks run along the "
-                    f"last dimension); got one of shape {tuple(p.shape)} with strides {_local(p).stride()}"
-                )
-        return fmt
+        return state_formats.storage_format(dtype, p, _local(p), f"{type(self).__name__}: {key}")
 
     def _blockwise(self, group, dtype):
         if group["stochastic_rounding"] and dtype == torch.bfloat16:
@@ -984,7 +922,7 @@ class FusedAdam(_FusedOptimizer):
     def _layout_of(self, p, group, salt):
         local = _local(p)
         fmt_m, fmt_v = self._format(p, group, "exp_avg_dtype"), self._format(p, group, "exp_avg_sq_dtype")
-        quantized = fmt_m in _QUANTIZED or fmt_v in _QUANTIZED
+        quantized = state_formats.is_quantized(fmt_m) or state_formats.is_quantized(fmt_v)
         cols = local.shape[-1] if quantized else local.numel()
         offset = _shard_offset(p, type(self).__name__) if group["stochastic_rounding"] else 0
         return (fmt_m, fmt_v, cols, salt, offset)
@@ -1016,124 +954,44 @@ class FusedAdam(_FusedOptimizer):
 
     # ---- state ----
 
-    def _moment(self, state: dict, key: str, p: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``state[key]`` in format ``fmt`` and its block exponents (an empty uint8 tensor when not quantized),
-        created as zeros or converted from a loaded float tensor."""
-        scale_key, code_key = f"{key}_scale", f"{key}_bits"
-        if _CODE_FORMATS.get(state.get(code_key)) != fmt:  # stored in another code (the option changed)
-            self._decode_held(state, key, p)
-        value, scales = state.get(key), state.get(scale_key)
-        if fmt not in _QUANTIZED:
-            value = self._state_tensor(state, key, p, _FORMAT_DTYPES[fmt])
-            return value, torch.empty(0, dtype=torch.uint8, device=p.device)
-        codes_shape, scales_shape = reference.quant_layout(p.shape, fmt)
-        state[code_key] = _CODE_NAMES[fmt]
-        if value is None:
-            value = torch.zeros(codes_shape, dtype=torch.uint8, device=p.device)
-            scales = torch.zeros(scales_shape, dtype=torch.uint8, device=p.device)
-        elif value.dtype != torch.uint8:  # a float moment (torch's, or a float32 FusedAdam's): quantize it
-            value, scales = reference.quantize_blockwise(value.to(p.device, torch.float32), fmt, key == "exp_avg_sq")
-        else:
-            value, scales = value.to(p.device), scales.to(p.device)
-        state[key], state[scale_key] = value, scales
-        return value, scales
-
-    @staticmethod
-    def _decode_held(state: dict, key: str, p: torch.Tensor) -> None:
-        """``state[key]``, if held as codes, decoded to float32 (the group's storage option changed since)."""
-        held = _CODE_FORMATS.get(state.get(f"{key}_bits"))
-        if held is None:
-            return
-        codes, scales = state[key], state[f"{key}_scale"]
-        state[key] = reference.dequantize_blockwise(codes, scales, held, key == "exp_avg_sq", p.shape)
-        for k in (f"{key}_scale", f"{key}_bits"):
-            state.pop(k, None)
-
     def _init_state(self, p, group, blockwise):
         state = self.state[p]
         local = _local(p)
         master = self._master_tensor(state, local, group)
-        step = self._step_tensor(state, local)
+        step = state_formats.step_count(state, local)
         if not blockwise:
-            for key in ("exp_avg", "exp_avg_sq"):  # codes of quantized moments the group no longer takes
-                self._decode_held(state, key, local)
+            for key in state_formats.MOMENT_KEYS:  # codes of quantized moments the group no longer takes
+                state_formats.decode_held(state, key, local.shape)
             dtype = self._state_dtype(local, group)
-            exp_avg = self._state_tensor(state, "exp_avg", local, dtype)
-            exp_avg_sq = self._state_tensor(state, "exp_avg_sq", local, dtype)
-            max_sq = self._state_tensor(state, "max_exp_avg_sq", local, dtype) if group["amsgrad"] else None
+            exp_avg = state_formats.float_state(state, "exp_avg", local, dtype)
+            exp_avg_sq = state_formats.float_state(state, "exp_avg_sq", local, dtype)
+            max_sq = state_formats.float_state(state, "max_exp_avg_sq", local, dtype) if group["amsgrad"] else None
             return [exp_avg, exp_avg_sq, max_sq, master, step]
         fmt_m, fmt_v = self._format(p, group, "exp_avg_dtype"), self._format(p, group, "exp_avg_sq_dtype")
-        exp_avg, exp_avg_scale = self._moment(state, "exp_avg", local, fmt_m)
-        exp_avg_sq, exp_avg_sq_scale = self._moment(state, "exp_avg_sq", local, fmt_v)
+        exp_avg, exp_avg_scale = state_formats.moment(state, "exp_avg", local, fmt_m)
+        exp_avg_sq, exp_avg_sq_scale = state_formats.moment(state, "exp_avg_sq", local, fmt_v)
         max_sq = None
         if group["amsgrad"]:
-            max_sq = self._state_tensor(state, "max_exp_avg_sq", local, _FORMAT_DTYPES[fmt_v])
+            max_sq = state_formats.float_state(state, "max_exp_avg_sq", local, state_formats.FORMAT_DTYPES[fmt_v])
         return [exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, max_sq, master, step]
 
+    # ---- state_dict ----
+
     def _check_saved_entry(self, entry, where):
-        # torch's Adam and this class save a parameter's step and both moments together. Loaded without one of
-        # them, the step would start the missing moment from zeros (a zero second moment makes the update m / eps)
-        # or the bias corrections from step 0: an error here, as torch's step raises KeyError.
-        present = [key for key in ("step", "exp_avg", "exp_avg_sq") if entry.get(key) is not None]
-        missing = [key for key in ("step", "exp_avg", "exp_avg_sq") if entry.get(key) is None]
-        if present and missing:
-            names = {"exp_avg": "'exp_avg' (or 'exp_avg_codes')", "exp_avg_sq": "'exp_avg_sq' (or 'exp_avg_sq_codes')"}
-            raise KeyError(
-                f"{where} holds {', '.join(repr(k) for k in present)} but no "
-                f"{' or '.join(names.get(k, repr(k)) for k in missing)}; a saved Adam state holds 'step' and both "
-                "moments together"
-            )
+        state_formats.check_saved_adam_entry(entry, where)
 
     def _check_saved_tensor(self, key, value, entry, p, group, where):
-        if key in ("exp_avg_bits", "exp_avg_sq_bits"):
-            if value not in _CODE_FORMATS:
-                raise ValueError(f"{where} must be 8 or 4, got {value!r}")
-            moment = key.removesuffix("_bits")
-            if entry.get(moment) is not None and not _is_codes(entry[moment]):  # (absent: said below)
-                raise ValueError(f"{where}: a code width on a float '{moment}', without '{_SAVED_CODES_KEYS[moment]}'")
-            return
-        if key in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale"):
-            moment = key.removesuffix("_scale")
-            codes = entry.get(moment)
-            if _is_codes(codes):
-                if key == moment:  # name the codes as the state_dict saved them
-                    where = where.replace(f"['{key}']", f"['{_SAVED_CODES_KEYS[key]}']", 1)
-                fmt = _CODE_FORMATS.get(entry.get(f"{moment}_bits"))
-                if fmt is None:
-                    raise ValueError(
-                        f"{where}: uint8 codes need '{moment}_bits' set to 8 or 4, got {entry.get(f'{moment}_bits')!r}"
-                    )
-                codes_shape, scales_shape = reference.quant_layout(p.shape, fmt)
-                expected = scales_shape if key.endswith("_scale") else codes_shape
-                if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
-                    raise TypeError(f"{where} must be a uint8 tensor, got {value!r:.80}")
-                if tuple(value.shape) != tuple(expected):
-                    raise ValueError(f"{where} has shape {tuple(value.shape)}, expected {tuple(expected)}")
-                if not isinstance(entry.get(f"{moment}_scale"), torch.Tensor):
-                    raise KeyError(
-                        f"{where}: codes '{_SAVED_CODES_KEYS[moment]}' without their '{moment}_scale' block exponents"
-                    )
-                return
-            if key.endswith("_scale"):
-                raise ValueError(f"{where}: block exponents without their '{_SAVED_CODES_KEYS[moment]}' codes")
-        super()._check_saved_tensor(key, value, entry, p, group, where)
+        if not state_formats.check_saved_codes(key, value, entry, p.shape, where):
+            super()._check_saved_tensor(key, value, entry, p, group, where)
 
     def _decode_loaded(self, state, saved, group, p):
         """Quantized moments saved in another format than this optimizer stores them in are decoded to float32
         here (and quantized again, if so configured, when the parameter steps); the same format loads as is."""
-        for key in ("exp_avg", "exp_avg_sq"):
-            codes = saved.get(key)
-            if not (isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8):
-                continue
-            fmt = _CODE_FORMATS[saved[f"{key}_bits"]]
-            if self._blockwise(group, p.dtype) and self._format(p, group, f"{key}_dtype") == fmt:
-                continue
-            local = _local(p)
-            state[key] = reference.dequantize_blockwise(
-                codes.to(local.device), saved[f"{key}_scale"].to(local.device), fmt, key == "exp_avg_sq", local.shape
-            )
-            for k in (f"{key}_scale", f"{key}_bits"):
-                state.pop(k, None)
+
+        def kept(key: str, fmt: int) -> bool:
+            return self._blockwise(group, p.dtype) and self._format(p, group, f"{key}_dtype") == fmt
+
+        state_formats.decode_loaded(state, saved, _local(p), kept)
 
     def state_dict(self, dequantize: bool = False) -> dict[str, Any]:
         """As torch's; quantized moments are saved as their codes (``exp_avg_codes``, uint8), block exponents
@@ -1142,77 +1000,22 @@ class FusedAdam(_FusedOptimizer):
         load. FSDP2 (DTensor) parameters' state is saved as DTensors (see :meth:`_FusedOptimizer.state_dict`).
         The param groups name their ``exp_avg_dtype`` and ``exp_avg_sq_dtype`` ("8bit", "bf16", ...: what the
         constructor takes), so that every value is a plain type."""
-        sd = super().state_dict(dequantize)
-        for saved_id, entry in sd["state"].items():
-            if any(_is_codes(entry.get(key)) for key in _SAVED_CODES_KEYS):
-                sd["state"][saved_id] = {  # a new dict: torch's state_dict shares the entries with self.state
-                    _SAVED_CODES_KEYS[key] if key in _SAVED_CODES_KEYS and _is_codes(value) else key: value
-                    for key, value in entry.items()
-                }
-        for group in sd["param_groups"]:  # (torch's state_dict packs new group dicts)
-            for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
-                group[key] = _MOMENT_NAMES.get(group.get(key), group.get(key))
-        return sd
+        return state_formats.encode_state_dict(super().state_dict(dequantize))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """See :meth:`_FusedOptimizer.load_state_dict`; quantized moments load as saved by :meth:`state_dict`
         (and, from checkpoints written before their codes had names of their own, as uint8 ``exp_avg``)."""
-        super().load_state_dict(self._codes_under_moment_names(state_dict))
-
-    def _codes_under_moment_names(self, state_dict: Any) -> Any:
-        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
-            return state_dict  # _check_state_dict says what is wrong
-        state = dict(state_dict["state"])
-        for saved_id, entry in state.items():
-            if not isinstance(entry, dict) or not any(name in entry for name in _SAVED_CODES_KEYS.values()):
-                continue
-            entry = state[saved_id] = dict(entry)
-            for key, name in _SAVED_CODES_KEYS.items():
-                if name not in entry:
-                    continue
-                where = f"{type(self).__name__}.load_state_dict: state[{saved_id!r}]['{name}']"
-                if key in entry:
-                    raise ValueError(f"{where}: the entry also holds '{key}'; a moment is saved once")
-                if not _is_codes(entry[name]):
-                    raise TypeError(f"{where} must be a uint8 tensor of codes, got {entry[name]!r:.80}")
-                entry[key] = entry.pop(name)
-        return {**state_dict, "state": state}
+        where = f"{type(self).__name__}.load_state_dict"
+        super().load_state_dict(state_formats.codes_under_moment_names(state_dict, where))
 
     def _dequantized(self, sd: dict[str, Any]) -> dict[str, Any]:
-        for saved_id, p in self._saved_entries(sd):
-            entry = sd["state"].get(saved_id)
-            if entry is None:
-                continue
-            entry = sd["state"][saved_id] = dict(entry)
-            for key in ("exp_avg", "exp_avg_sq"):
-                value = entry.get(key)
-                if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
-                    fmt = _CODE_FORMATS[entry.pop(f"{key}_bits")]
-                    entry[key] = reference.dequantize_blockwise(
-                        value, entry.pop(f"{key}_scale"), fmt, key == "exp_avg_sq", _local(p).shape
-                    )
-        for g in sd["param_groups"]:
-            for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
-                if _MOMENT_DTYPES.get(g.get(key)) in _QUANTIZED:
-                    g[key] = torch.float32
-        return sd
+        shapes = ((saved_id, _local(p).shape) for saved_id, p in self._saved_entries(sd))
+        return state_formats.dequantize_state_dict(sd, shapes)
 
     # ---- the step ----
 
-    def _hyper(self, group, bucket):
-        beta1, beta2 = group["betas"]
-        hyper = dict(
-            beta1=float(beta1),
-            beta2=float(beta2),
-            eps=float(group["eps"]),
-            weight_decay=float(group["weight_decay"]),
-            amsgrad=bool(group["amsgrad"]),
-            maximize=bool(group["maximize"]),
-            decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
-        )
-        if bucket.layout is not None:
-            hyper.update(stochastic_rounding=bool(group["stochastic_rounding"]), seed=int(group["seed"]))
-        return hyper
+    def _hyper(self, group):
+        return AdamHyperparameters.of_group(group)
 
     def _reference_step(self, bucket, grads, lr, grad_scale, found_inf, hyper):
         if bucket.layout is not None:
@@ -1230,10 +1033,10 @@ class FusedAdam(_FusedOptimizer):
                 salts=[salt for *_, salt, _ in bucket.layout],
                 offsets=[offset for *_, offset in bucket.layout],
                 lr=lr,
+                hyper=hyper,
                 grad_scale=grad_scale,
                 found_inf=found_inf,
                 master_params=masters,
-                **hyper,
             )
             return
         exp_avgs, exp_avg_sqs, max_sqs, masters, steps = bucket.lists
@@ -1245,10 +1048,10 @@ class FusedAdam(_FusedOptimizer):
             max_sqs,
             steps,
             lr=lr,
+            hyper=hyper,
             grad_scale=grad_scale,
             found_inf=found_inf,
             master_params=masters,
-            **hyper,
         )
 
 
@@ -1371,19 +1174,13 @@ class FusedSGD(_FusedOptimizer):
         if group["momentum"] == 0:
             return [None, None, None, master, None]
         had_buffer = state.get("momentum_buffer") is not None
-        buf = self._state_tensor(state, "momentum_buffer", p, self._state_dtype(p, group))
+        buf = state_formats.float_state(state, "momentum_buffer", p, self._state_dtype(p, group))
         # A buffer loaded without a step count (torch's SGD keeps none) is initialised: count it as one step.
-        step = self._step_tensor(state, p, default=1.0 if had_buffer else 0.0)
+        step = state_formats.step_count(state, p, default=1.0 if had_buffer else 0.0)
         return [buf, None, None, master, step]
 
-    def _hyper(self, group, bucket):
-        return dict(
-            momentum=float(group["momentum"]),
-            dampening=float(group["dampening"]),
-            weight_decay=float(group["weight_decay"]),
-            nesterov=bool(group["nesterov"]),
-            maximize=bool(group["maximize"]),
-        )
+    def _hyper(self, group):
+        return SgdHyperparameters.of_group(group)
 
     def _reference_step(self, bucket, grads, lr, grad_scale, found_inf, hyper):
         bufs, _, _, masters, steps = bucket.lists
@@ -1393,8 +1190,8 @@ class FusedSGD(_FusedOptimizer):
             bufs,
             steps,
             lr=lr,
+            hyper=hyper,
             grad_scale=grad_scale,
             found_inf=found_inf,
             master_params=masters,
-            **hyper,
         )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from ampkernels._constants import QUANT_BLOCK, QUANT_CODES, STATE_Q4, STATE_Q8
+from ampkernels.optim.hyperparameters import AdamHyperparameters, SgdHyperparameters
 from ampkernels.scaler.reference import inv_scale_of
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -51,13 +52,7 @@ def adam_step(
     steps: Sequence[torch.Tensor],
     *,
     lr: float | torch.Tensor,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    amsgrad: bool,
-    maximize: bool,
-    decoupled_weight_decay: bool,
+    hyper: AdamHyperparameters,
     grad_scale: torch.Tensor | None = None,
     found_inf: torch.Tensor | None = None,
     master_params: Sequence[torch.Tensor] = (),
@@ -68,11 +63,13 @@ def adam_step(
         params: parameters (float32/float16/bfloat16); with ``master_params`` they receive the rounded master values.
         grads: one gradient per parameter (any float dtype), only read; divided by ``grad_scale`` when given.
         exp_avgs, exp_avg_sqs: first and second moments, one per parameter, parameter-shaped.
-        max_exp_avg_sqs: with ``amsgrad``, the running maximum of the second moment; else ignored (may be empty).
+        max_exp_avg_sqs: with ``hyper.amsgrad``, the running maximum of the second moment; else ignored (may be
+            empty).
         steps: float32 1-element step counts, advanced by one (unless skipped); the bias corrections use the new count.
         lr: learning rate, a float or a 1-element tensor (read on the device).
-        beta1, beta2, eps, weight_decay, amsgrad, maximize: as torch.optim.Adam.
-        decoupled_weight_decay: ``True`` for AdamW (``p *= 1 - lr * weight_decay``), else L2 added to the gradient.
+        hyper: beta1, beta2, eps, weight_decay, amsgrad, maximize as torch.optim.Adam; decoupled_weight_decay
+            ``True`` for AdamW (``p *= 1 - lr * weight_decay``), else L2 added to the gradient. Stochastic rounding
+            is :func:`adam_step_blockwise`'s: ignored here.
         grad_scale: optional float32 1-element tensor the gradients are divided by (loss scale / clip coefficient).
         found_inf: optional float32 1-element tensor; non-zero skips the whole step.
         master_params: optional float32 master copies of float16/bfloat16 parameters (the math reads these).
@@ -95,21 +92,17 @@ def adam_step(
         holder = master_params[i] if master_params else param
         p, m, v, vmax, new_step = _adam_math(
             holder.float(),
-            _scaled_grad(grad.to(dev), grad_scale, maximize),
+            _scaled_grad(grad.to(dev), grad_scale, hyper.maximize),
             exp_avgs[i].float(),
             exp_avg_sqs[i].float(),
-            max_exp_avg_sqs[i].float() if amsgrad else None,
+            max_exp_avg_sqs[i].float() if hyper.amsgrad else None,
             steps[i].to(dev).float(),
             lr=lr,
-            beta1=beta1,
-            beta2=beta2,
-            eps=eps,
-            weight_decay=weight_decay,
-            decoupled_weight_decay=decoupled_weight_decay,
+            hyper=hyper,
         )
         _skip_where(skip, exp_avgs[i], m)
         _skip_where(skip, exp_avg_sqs[i], v)
-        if amsgrad:
+        if hyper.amsgrad:
             _skip_where(skip, max_exp_avg_sqs[i], vmax)
         if master_params:
             _skip_where(skip, master_params[i], p)
@@ -117,14 +110,15 @@ def adam_step(
         _skip_where(skip, steps[i], new_step.reshape(steps[i].shape))
 
 
-def _adam_math(p, g, m0, v0, vmax0, step, *, lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay):
+def _adam_math(p, g, m0, v0, vmax0, step, *, lr, hyper: AdamHyperparameters):
     """The float32 element math of :func:`adam_step` on whole tensors (``g`` already unscaled and signed; ``vmax0``
     None without amsgrad). Returns the new (p, m, v, vmax, step)."""
+    beta1, beta2, eps, weight_decay = hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay
     dev = p.device
     w = float(torch.tensor(1 - beta1, dtype=torch.float32))  # the weight as the kernels hold it
     lr64 = _lr_float64(lr, dev)
     if weight_decay != 0:
-        if decoupled_weight_decay:
+        if hyper.decoupled_weight_decay:
             p = p * torch.as_tensor(1 - lr64 * weight_decay, device=dev).float()
         else:
             g = g + weight_decay * p
@@ -149,11 +143,7 @@ def sgd_step(
     steps: Sequence[torch.Tensor],
     *,
     lr: float | torch.Tensor,
-    momentum: float,
-    dampening: float,
-    weight_decay: float,
-    nesterov: bool,
-    maximize: bool,
+    hyper: SgdHyperparameters,
     grad_scale: torch.Tensor | None = None,
     found_inf: torch.Tensor | None = None,
     master_params: Sequence[torch.Tensor] = (),
@@ -162,10 +152,11 @@ def sgd_step(
 
     Args:
         params, grads, grad_scale, found_inf, master_params: as :func:`adam_step`.
-        momentum_buffers: with ``momentum != 0``, one buffer per parameter; else ignored (may be empty).
-        steps: with ``momentum != 0``, float32 1-element counts of applied steps (0: the buffer is not yet
+        momentum_buffers: with ``hyper.momentum != 0``, one buffer per parameter; else ignored (may be empty).
+        steps: with ``hyper.momentum != 0``, float32 1-element counts of applied steps (0: the buffer is not yet
             initialised, so this step sets it to the gradient, as torch does on its first step); advanced by one.
-        lr: a float or a 1-element tensor. momentum, dampening, weight_decay, nesterov, maximize: as torch.optim.SGD.
+        lr: a float or a 1-element tensor.
+        hyper: momentum, dampening, weight_decay, nesterov, maximize as torch.optim.SGD.
 
     Per element, in float32::
 
@@ -173,12 +164,13 @@ def sgd_step(
         buf = g  on the first step, else  buf * momentum + (1 - dampening) * g
         g = g + momentum * buf  if nesterov  else  buf;   p = p - lr * g
     """
+    momentum, dampening, weight_decay, nesterov = hyper.momentum, hyper.dampening, hyper.weight_decay, hyper.nesterov
     for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
         dev = param.device
         skip = (found_inf.to(dev).reshape(()) != 0) if found_inf is not None else None
         holder = master_params[i] if master_params else param
         p = holder.float()
-        g = _scaled_grad(grad.to(dev), grad_scale, maximize)
+        g = _scaled_grad(grad.to(dev), grad_scale, hyper.maximize)
         if weight_decay != 0:
             g = g + weight_decay * p
         if momentum != 0:
@@ -377,18 +369,10 @@ def adam_step_blockwise(
     *,
     formats: Sequence[tuple[int, int]],
     lr: float | torch.Tensor,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    amsgrad: bool,
-    maximize: bool,
-    decoupled_weight_decay: bool,
+    hyper: AdamHyperparameters,
     grad_scale: torch.Tensor | None = None,
     found_inf: torch.Tensor | None = None,
     master_params: Sequence[torch.Tensor] = (),
-    stochastic_rounding: bool = False,
-    seed: int = 0,
     salts: Sequence[int] = (),
     offsets: Sequence[int] = (),
 ) -> None:
@@ -400,9 +384,10 @@ def adam_step_blockwise(
         exp_avg_scales, exp_avg_sq_scales: per parameter, the uint8 block exponents of a quantized moment, else None.
         max_exp_avg_sqs: with amsgrad (float32 or bfloat16 second moments only), in the second moment's format.
         formats: per parameter, (first, second) moment format: ``_constants.STATE_F32/BF16/Q8/Q4``.
-        stochastic_rounding: round each updated bfloat16 parameter up or down at random (unbiased), from the stream
-            of :func:`rounding_bits` keyed by (``seed``, ``salts[i]``, new step) at global flat index
-            ``offsets[i] + i_local`` (``offsets``: where a shard starts in its full tensor; default 0).
+        hyper: as :func:`adam_step`; with ``hyper.stochastic_rounding`` each updated bfloat16 parameter is rounded
+            up or down at random (unbiased), from the stream of :func:`rounding_bits` keyed by (``hyper.seed``,
+            ``salts[i]``, new step) at global flat index ``offsets[i] + i_local`` (``offsets``: where a shard starts
+            in its full tensor; default 0).
         Everything else: as :func:`adam_step`.
 
     Per parameter: decode the moments to float32, run :func:`adam_step`'s math, encode them again
@@ -417,26 +402,22 @@ def adam_step_blockwise(
         shape = param.shape
         p, m, v, vmax, new_step = _adam_math(
             holder.float(),
-            _scaled_grad(grad.to(dev), grad_scale, maximize),
+            _scaled_grad(grad.to(dev), grad_scale, hyper.maximize),
             _load_moment(exp_avgs[i], exp_avg_scales[i], fmt_m, False, shape),
             _load_moment(exp_avg_sqs[i], exp_avg_sq_scales[i], fmt_v, True, shape),
-            max_exp_avg_sqs[i].float() if amsgrad else None,
+            max_exp_avg_sqs[i].float() if hyper.amsgrad else None,
             steps[i].to(dev).float(),
             lr=lr,
-            beta1=beta1,
-            beta2=beta2,
-            eps=eps,
-            weight_decay=weight_decay,
-            decoupled_weight_decay=decoupled_weight_decay,
+            hyper=hyper,
         )
         _store_moment(skip, exp_avgs[i], exp_avg_scales[i], fmt_m, False, m)
         _store_moment(skip, exp_avg_sqs[i], exp_avg_sq_scales[i], fmt_v, True, v)
-        if amsgrad:
+        if hyper.amsgrad:
             _skip_where(skip, max_exp_avg_sqs[i], vmax)
         if master_params:
             _skip_where(skip, master_params[i], p)
-        if stochastic_rounding and param.dtype == torch.bfloat16:
-            key = rounding_key(seed, salts[i] if salts else i, new_step)
+        if hyper.stochastic_rounding and param.dtype == torch.bfloat16:
+            key = rounding_key(hyper.seed, salts[i] if salts else i, new_step)
             start = offsets[i] if offsets else 0
             index = torch.arange(start, start + p.numel(), dtype=torch.int64, device=dev)
             p = stochastic_round_to_bf16(p.flatten(), rounding_bits(key, index)).reshape(shape)

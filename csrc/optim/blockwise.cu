@@ -35,7 +35,7 @@ struct Args {
   const float* found_inf;
   const float* lr_ptr;
   double lr;
-  AdamHyper adam;
+  AdamCoefficients adam;
   uint64_t seed;
   bool stochastic_rounding;
 };

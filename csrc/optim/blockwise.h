@@ -49,7 +49,7 @@ struct BlockwiseLaunch {
   uint64_t seed = 0;
   at::Tensor grad_scale, found_inf, lr_tensor;  // as OptimizerLaunch
   double lr = 0.0;
-  AdamHyper adam{};
+  AdamCoefficients adam{};
 };
 
 void blockwise_adam_cpu(const BlockwiseLaunch& launch);

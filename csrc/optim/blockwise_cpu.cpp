@@ -190,7 +190,7 @@ void run(const BlockwiseLaunch& l, double lr, float inv_scale) {
       load(v, vv, row, cols, col, local, flat, n);
       if (l.adam.amsgrad) load(vmax, vm, row, cols, col, local, flat, n);
       const float step_size = scalars[4 * t], bc2_sqrt = scalars[4 * t + 1];
-      const AdamHyper& h = l.adam;
+      const AdamCoefficients& h = l.adam;
       cpu::with_flags(h.maximize, h.decoupled_weight_decay, h.amsgrad, [&](auto mx, auto dec, auto ams) {
         // the block's float32 copies; g is unscaled already (inv_scale 1: an exact product)
         cpu::adam_span<false, mx, dec, ams>(p, nullptr, g, m, v, vmax, n, h, 1.f, decay, step_size, bc2_sqrt);

@@ -125,13 +125,35 @@ class AMPK_HIDDEN BlockwiseAdamTable {
     }
   }
 
-  bool step_adam(double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2, double eps,
-                 double weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay,
-                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-                 bool stochastic_rounding, uint64_t seed) {
-    AMPK_CHECK_ARG(!amsgrad || !state_[kBwMax].empty(), "amsgrad", "the table has no max_exp_avg_sq tensors");
-    AMPK_CHECK_ARG(!stochastic_rounding || !master_, "stochastic_rounding", "excludes master weights");
-    if (!refresh()) return false;
+  // Re-reads the parameters and their gradients before a step; false: the caller rebuilds the table. Each step
+  // needs one since the last step (as OptimizerTable::refresh).
+  bool refresh() {
+    ready_ = false;
+    const auto state = grads_.refresh();
+    if (state == GradientTracker::kStale) return false;
+    for (Group& g : groups_) {
+      if (state == GradientTracker::kMoved) {
+        for (size_t k = 0; k < g.members.size(); ++k) {
+          int64_t* row = &g.meta_host_values[k * kMetaCount];
+          row[kMetaGrad] = grads_.grad_address(g.members[k]);
+          const bool aligned = g.aligned[k] && row[kMetaGrad] % 16 == 0;
+          row[kMetaFormats] = (row[kMetaFormats] & 0xFFFF) | (int64_t(aligned) << 16);
+        }
+      }
+      if (state == GradientTracker::kMoved || !g.meta.defined()) {
+        upload_int64(g.meta_host_values, device_, g.meta_host, g.meta);
+        ++uploads_;
+      }
+    }
+    ready_ = true;
+    return true;
+  }
+
+  // One Adam/AdamW step of every parameter (after a refresh() that returned true).
+  void step_adam(double lr, const std::optional<at::Tensor>& lr_tensor, const AdamHyperparameters& h,
+                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+    AMPK_CHECK_ARG(!h.amsgrad || !state_[kBwMax].empty(), "amsgrad", "the table has no max_exp_avg_sq tensors");
+    AMPK_CHECK_ARG(!h.stochastic_rounding || !master_, "stochastic_rounding", "excludes master weights");
     check_optional_scalar(grad_scale, "grad_scale", device_);
     check_optional_scalar(found_inf, "found_inf", device_);
     check_optional_scalar(lr_tensor, "lr", device_);
@@ -139,22 +161,15 @@ class AMPK_HIDDEN BlockwiseAdamTable {
     l.device = device_;
     l.param_dtype = param_dtype_;
     l.grad_dtype = grads_.grad_dtype();
-    l.stochastic_rounding = stochastic_rounding && param_dtype_ == at::kBFloat16;
-    l.seed = seed;
+    l.stochastic_rounding = h.stochastic_rounding && param_dtype_ == at::kBFloat16;
+    l.seed = h.seed;
     if (grad_scale.has_value()) l.grad_scale = *grad_scale;
     if (found_inf.has_value()) l.found_inf = *found_inf;
     if (lr_tensor.has_value()) l.lr_tensor = *lr_tensor;
     l.lr = lr;
-    l.adam.beta1 = beta1;
-    l.adam.beta2 = beta2;
-    l.adam.beta2_f = static_cast<float>(beta2);
-    l.adam.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-    l.adam.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-    l.adam.eps = static_cast<float>(eps);
-    l.adam.weight_decay = static_cast<float>(weight_decay);
-    l.adam.amsgrad = amsgrad;
-    l.adam.maximize = maximize;
-    l.adam.decoupled_weight_decay = decoupled_weight_decay;
+    l.adam = adam_coefficients(h);
+    AMPK_CHECK_ARG(ready_, "refresh", "a step needs refresh() to have returned true since the last step");
+    ready_ = false;
     grads_.stage();
     for (const Group& g : groups_) {
       l.meta = g.meta;
@@ -174,7 +189,6 @@ class AMPK_HIDDEN BlockwiseAdamTable {
         blockwise_adam_cpu(l);
       }
     }
-    return true;
   }
 
   int64_t uploads() const { return uploads_; }
@@ -198,26 +212,6 @@ class AMPK_HIDDEN BlockwiseAdamTable {
   }
 
  private:
-  bool refresh() {
-    const auto state = grads_.refresh();
-    if (state == GradientTracker::kStale) return false;
-    for (Group& g : groups_) {
-      if (state == GradientTracker::kMoved) {
-        for (size_t k = 0; k < g.members.size(); ++k) {
-          int64_t* row = &g.meta_host_values[k * kMetaCount];
-          row[kMetaGrad] = grads_.grad_address(g.members[k]);
-          const bool aligned = g.aligned[k] && row[kMetaGrad] % 16 == 0;
-          row[kMetaFormats] = (row[kMetaFormats] & 0xFFFF) | (int64_t(aligned) << 16);
-        }
-      }
-      if (state == GradientTracker::kMoved || !g.meta.defined()) {
-        upload_int64(g.meta_host_values, device_, g.meta_host, g.meta);
-        ++uploads_;
-      }
-    }
-    return true;
-  }
-
   // Moment `list` of parameter i in format `fmt`: float32/bfloat16 shaped like the parameter, or uint8 codes and
   // block exponents of rows x cols elements.
   void check_moment(int64_t i, int list, int fmt, int64_t rows, int64_t cols) const {
@@ -264,6 +258,7 @@ class AMPK_HIDDEN BlockwiseAdamTable {
   bool master_ = false;
   std::vector<Group> groups_;
   int64_t uploads_ = 0;
+  bool ready_ = false;  // refresh() returned true since the last step
 };
 
 }  // namespace ampkernels

@@ -39,8 +39,8 @@ struct KernelArgs {
   const float* found_inf;
   const float* lr_ptr;
   double lr;
-  AdamHyper adam;
-  SgdHyper sgd;
+  AdamCoefficients adam;
+  SgdCoefficients sgd;
 };
 
 // scalars[t] = (step_size, bc2_sqrt) for Adam, (first applied step ? 1 : 0, 0) for SGD; advances the step counts.

@@ -6,6 +6,7 @@
 #include <c10/macros/Macros.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "common/tensor_table.h"
 
@@ -25,18 +26,74 @@ enum OptimizerList : int {
   kNumLists = 6,
 };
 
-// Coefficients as torch passes them to its tensor ops: `1 - beta` is taken in float64 on the host, then rounded
-// (1 - 0.999 in float64 rounds to 0.001f; 1.f - 0.999f is 9.9998713e-4).
-struct AdamHyper {
+// The options of one step, field for field the dataclasses of ampkernels/optim/hyperparameters.py, in their order:
+// X(type, name) per field. bindings.cpp reads each field from the Python object by name and exports the lists,
+// which tests/optim/test_hyperparameters.py compares with the dataclasses.
+#define AMPK_ADAM_HYPERPARAMETERS(X) \
+  X(double, beta1)                   \
+  X(double, beta2)                   \
+  X(double, eps)                     \
+  X(double, weight_decay)            \
+  X(bool, amsgrad)                   \
+  X(bool, maximize)                  \
+  X(bool, decoupled_weight_decay)    \
+  X(bool, stochastic_rounding)       \
+  X(uint64_t, seed)
+
+#define AMPK_SGD_HYPERPARAMETERS(X) \
+  X(double, momentum)               \
+  X(double, dampening)              \
+  X(double, weight_decay)           \
+  X(bool, nesterov)                 \
+  X(bool, maximize)
+
+#define AMPK_DECLARE_FIELD(type, name) type name{};
+struct AdamHyperparameters {
+  AMPK_ADAM_HYPERPARAMETERS(AMPK_DECLARE_FIELD)
+};
+struct SgdHyperparameters {
+  AMPK_SGD_HYPERPARAMETERS(AMPK_DECLARE_FIELD)
+};
+#undef AMPK_DECLARE_FIELD
+
+// The hyperparameters as the element math reads them, made once per launch on the host. The coefficients are those
+// torch passes to its tensor ops: `1 - beta` is taken in float64, then rounded (1 - 0.999 in float64 rounds to
+// 0.001f; 1.f - 0.999f is 9.9998713e-4).
+struct AdamCoefficients {
   double beta1, beta2;  // float64 for the bias corrections
   float beta2_f, one_minus_beta1, one_minus_beta2, eps, weight_decay;
   bool amsgrad, maximize, decoupled_weight_decay;
 };
 
-struct SgdHyper {
+inline AdamCoefficients adam_coefficients(const AdamHyperparameters& h) {
+  AdamCoefficients c{};
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.beta2_f = static_cast<float>(h.beta2);
+  c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  c.eps = static_cast<float>(h.eps);
+  c.weight_decay = static_cast<float>(h.weight_decay);
+  c.amsgrad = h.amsgrad;
+  c.maximize = h.maximize;
+  c.decoupled_weight_decay = h.decoupled_weight_decay;
+  return c;
+}
+
+struct SgdCoefficients {
   float momentum, one_minus_dampening, weight_decay;
   bool nesterov, maximize;
 };
+
+inline SgdCoefficients sgd_coefficients(const SgdHyperparameters& h) {
+  SgdCoefficients c{};
+  c.momentum = static_cast<float>(h.momentum);
+  c.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
+  c.weight_decay = static_cast<float>(h.weight_decay);
+  c.nesterov = h.nesterov;
+  c.maximize = h.maximize;
+  return c;
+}
 
 // Everything one launch needs. The table holds the parameters (one dtype); the step is skipped on the device
 // when found_inf is non-zero.
@@ -50,8 +107,8 @@ struct OptimizerLaunch {
   at::Tensor found_inf;   // optional float32 [1]: non-zero -> nothing at all is written
   at::Tensor lr_tensor;   // optional float32 [1] on the device: read by the kernels (capturable); else `lr`
   double lr = 0.0;
-  AdamHyper adam{};
-  SgdHyper sgd{};
+  AdamCoefficients adam{};
+  SgdCoefficients sgd{};
 };
 
 void optimizer_step_cpu(const OptimizerLaunch& launch);
@@ -78,7 +135,7 @@ C10_HOST_DEVICE inline float lerp(float start, float end, float weight) {
 
 // One element of an Adam/AdamW step in float32: p, m, v, vmax updated in place; g already unscaled.
 // `decay` = 1 - lr * weight_decay (AdamW), `step_size` and `bc2_sqrt` from adam_step_constants.
-C10_HOST_DEVICE inline void adam_element(float& p, float g, float& m, float& v, float& vmax, const AdamHyper& h,
+C10_HOST_DEVICE inline void adam_element(float& p, float g, float& m, float& v, float& vmax, const AdamCoefficients& h,
                                          float decay, float step_size, float bc2_sqrt) {
   if (h.maximize) g = -g;
   if (h.weight_decay != 0.f) {
@@ -100,7 +157,7 @@ C10_HOST_DEVICE inline void adam_element(float& p, float g, float& m, float& v, 
 
 // One element of an SGD step in float32 (torch.optim.SGD's math); `first` is true on the first applied step of a
 // parameter, when the momentum buffer starts as the gradient itself.
-C10_HOST_DEVICE inline void sgd_element(float& p, float g, float& buf, const SgdHyper& h, float lr, bool first) {
+C10_HOST_DEVICE inline void sgd_element(float& p, float g, float& buf, const SgdCoefficients& h, float lr, bool first) {
   if (h.maximize) g = -g;
   if (h.weight_decay != 0.f) g = g + h.weight_decay * p;
   if (h.momentum != 0.f) {

@@ -35,7 +35,7 @@ void prologue(const OptimizerLaunch& l, double lr) {
 
 template <bool kMaster, bool kMaximize, bool kNesterov, bool kMomentum, typename P, typename G, typename S>
 AMPK_CPU_VECTOR_CLONES void sgd_span(P* __restrict__ p, float* __restrict__ master, const G* __restrict__ g, S* __restrict__ buf,
-              int64_t size, SgdHyper h, float inv_scale, float lr, bool first) {
+              int64_t size, SgdCoefficients h, float inv_scale, float lr, bool first) {
   h.maximize = kMaximize, h.nesterov = kNesterov;
   for (int64_t i = 0; i < size; ++i) {
     float pi = kMaster ? master[i] : static_cast<float>(p[i]);
@@ -73,7 +73,7 @@ void run(const OptimizerLaunch& l, double lr, float inv_scale) {
         S* v = list_ptr<S>(lists, n, kExpAvgSqList, t) + start;
         S* vmax = l.adam.amsgrad ? list_ptr<S>(lists, n, kMaxExpAvgSqList, t) + start : nullptr;
         const float step_size = scalars[2 * t], bc2_sqrt = scalars[2 * t + 1];
-        const AdamHyper& h = l.adam;
+        const AdamCoefficients& h = l.adam;
         cpu::with_flags(h.maximize, h.decoupled_weight_decay, h.amsgrad, [&](auto mx, auto dec, auto ams) {
           cpu::adam_span<kMaster, mx, dec, ams>(p, master, g, m, v, vmax, size, h, inv_scale, decay, step_size,
                                                 bc2_sqrt);

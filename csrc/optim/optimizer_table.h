@@ -116,55 +116,41 @@ class AMPK_HIDDEN OptimizerTable {
     retain_if_capturing(device_, {&scalars_});
   }
 
-  // Re-reads the parameters and their gradients (GradientTracker::refresh); false: the caller rebuilds the table.
-  // Re-uploads the gradient addresses when a gradient moved.
+  // Re-reads the parameters and their gradients (GradientTracker::refresh) before a step; false: the caller
+  // rebuilds the table. Re-uploads the gradient addresses when a gradient moved. Each step needs one since the last
+  // step, so that a caller with several tables checks all of them before it launches any.
   bool refresh() {
+    ready_ = false;
     const auto state = grads_.refresh();
     if (state == GradientTracker::kStale) return false;
     const size_t n = params_.size();
     if (state == GradientTracker::kMoved)
       for (size_t i = 0; i < n; ++i) host_lists_[kGradList * n + i] = grads_.grad_address(i);
     if (state == GradientTracker::kMoved || !lists_.defined()) upload();
+    ready_ = true;
     return true;
   }
 
-  bool step_adam(double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2, double eps,
-                 double weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay,
+  // One Adam/AdamW step of every parameter (after a refresh() that returned true).
+  void step_adam(double lr, const std::optional<at::Tensor>& lr_tensor, const AdamHyperparameters& h,
                  const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
     AMPK_CHECK_ARG(kind_ == OptimizerKind::kAdam, "step_adam", "this table was built for SGD");
-    AMPK_CHECK_ARG(!amsgrad || !state_[kMaxExpAvgSqList - 1].empty(), "amsgrad",
+    AMPK_CHECK_ARG(!h.amsgrad || !state_[kMaxExpAvgSqList - 1].empty(), "amsgrad",
                    "the table has no max_exp_avg_sq tensors");
-    if (!refresh()) return false;
     OptimizerLaunch l = make_launch(lr, lr_tensor, grad_scale, found_inf);
-    l.adam.beta1 = beta1;
-    l.adam.beta2 = beta2;
-    l.adam.beta2_f = static_cast<float>(beta2);
-    l.adam.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-    l.adam.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-    l.adam.eps = static_cast<float>(eps);
-    l.adam.weight_decay = static_cast<float>(weight_decay);
-    l.adam.amsgrad = amsgrad;
-    l.adam.maximize = maximize;
-    l.adam.decoupled_weight_decay = decoupled_weight_decay;
+    l.adam = adam_coefficients(h);
     launch(l);
-    return true;
   }
 
-  bool step_sgd(double lr, const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
-                double weight_decay, bool nesterov, bool maximize, const std::optional<at::Tensor>& grad_scale,
-                const std::optional<at::Tensor>& found_inf) {
+  // One SGD step of every parameter (after a refresh() that returned true).
+  void step_sgd(double lr, const std::optional<at::Tensor>& lr_tensor, const SgdHyperparameters& h,
+                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
     AMPK_CHECK_ARG(kind_ == OptimizerKind::kSgd, "step_sgd", "this table was built for Adam");
-    AMPK_CHECK_ARG(momentum == 0.0 || (!state_[kExpAvgList - 1].empty() && !state_[kStepList - 1].empty()),
+    AMPK_CHECK_ARG(h.momentum == 0.0 || (!state_[kExpAvgList - 1].empty() && !state_[kStepList - 1].empty()),
                    "momentum", "momentum needs momentum_buffer and step tensors");
-    if (!refresh()) return false;
     OptimizerLaunch l = make_launch(lr, lr_tensor, grad_scale, found_inf);
-    l.sgd.momentum = static_cast<float>(momentum);
-    l.sgd.one_minus_dampening = static_cast<float>(1.0 - dampening);
-    l.sgd.weight_decay = static_cast<float>(weight_decay);
-    l.sgd.nesterov = nesterov;
-    l.sgd.maximize = maximize;
+    l.sgd = sgd_coefficients(h);
     launch(l);
-    return true;
   }
 
   int64_t uploads() const { return uploads_; }
@@ -205,6 +191,8 @@ class AMPK_HIDDEN OptimizerTable {
   }
 
   void launch(const OptimizerLaunch& l) {
+    AMPK_CHECK_ARG(ready_, "refresh", "a step needs refresh() to have returned true since the last step");
+    ready_ = false;
     grads_.stage();
     dispatch_launch(l);
   }
@@ -224,6 +212,7 @@ class AMPK_HIDDEN OptimizerTable {
   std::vector<int64_t> host_lists_;
   at::Tensor lists_, lists_host_, scalars_;
   int64_t uploads_ = 0;
+  bool ready_ = false;  // refresh() returned true since the last step
 };
 
 inline OptimizerKind kind_of(const std::string& kind) {

@@ -165,6 +165,60 @@ def test_a_step_refused_for_one_group_steps_no_group(device, backend, bad, cls):
             assert torch.equal(opt.state_dict()["state"][i][key], value), f"state {key} of parameter {i} changed"
 
 
+def _state_copy(opt) -> dict:
+    return {
+        id(p): {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+        for p, entry in opt.state.items()
+    }
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("moments", [None, "8bit"])
+@pytest.mark.parametrize("change", ["parameter shape", "gradient shape"])
+def test_a_step_refused_for_a_later_bucket_steps_no_bucket(device, backend, moments, change):
+    """A parameter of the last bucket given another shape (its state no longer fits), or a gradient of another
+    shape, was found when that bucket's turn came: the buckets before it (the group before, and the bfloat16
+    bucket of its own group) had stepped. The refused step now leaves every parameter and all state as they were,
+    and the error names the parameter."""
+    _skip_unless_runs(backend, device, "adam" if moments is None else "adam_blockwise")
+    a = _param((64, 96), device, 11)  # param group 0
+    b = _param((64, 96), device, 12, torch.bfloat16)  # param group 1, its first (bfloat16) bucket
+    c, p = _param((5, 3), device, 13), _param((64, 128), device, 14)  # param group 1, its float32 bucket
+    ps = [a, b, c, p]
+    opt = FusedAdamW(
+        [{"params": [a]}, {"params": [b, c, p]}],
+        lr=1e-2,
+        exp_avg_dtype=moments,
+        exp_avg_sq_dtype=moments,
+        backend=backend,
+    )
+    for step in range(2):
+        for i, x in enumerate(ps):
+            x.grad = _randn(x.shape, device, 70 + 10 * step + i, x.dtype)
+        opt.step()
+    assert [len(plan.buckets) for plan in opt._plans.values()] == [1, 2]
+    if change == "parameter shape":
+        p.data = _randn((128, 64), device, 90)
+        p.grad = _randn((128, 64), device, 91)
+        message = r"parameter 2 of param group 1 has shape \(128, 64\), but its state 'exp_avg' has shape \(64, 128\)"
+    else:
+        p.grad.data = _randn((128, 64), device, 91)  # bypasses the shape check of the .grad setter
+        message = r"parameter 2 of param group 1 has shape \(64, 128\) but its gradient has shape \[128, 64\]"
+    params_before = [x.detach().clone() for x in ps]
+    state_before = _state_copy(opt)
+    with pytest.raises(RuntimeError, match=message):
+        opt.step()
+    for name, x, before in zip("abcp", ps, params_before):
+        assert torch.equal(x.detach(), before), f"parameter {name} stepped"
+    state_after = _state_copy(opt)
+    for name, x in zip("abcp", ps):
+        entry, before = state_after[id(x)], state_before[id(x)]
+        assert entry.keys() == before.keys(), f"the state keys of parameter {name} changed"
+        for key, value in before.items():
+            same = torch.equal(entry[key], value) if isinstance(value, torch.Tensor) else entry[key] == value
+            assert same, f"state {key!r} of parameter {name} changed"
+
+
 # ---- state of a parameter that changed shape ----
 
 

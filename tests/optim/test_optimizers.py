@@ -16,6 +16,7 @@ import torch
 from tolerances import OPTIMIZER_FP32
 
 from ampkernels import FusedAdam, FusedAdamW, FusedGradScaler, FusedSGD, dispatch, reference
+from ampkernels.optim import AdamHyperparameters
 
 FP32_TOL = OPTIMIZER_FP32
 CHUNK = 16384
@@ -144,10 +145,8 @@ def test_adam_reference_is_the_ieee_float32_formula():
     bc2_sqrt = f32(math.sqrt(1 - beta2**5))
     P = P - step_size * (M / (np.sqrt(V) / bc2_sqrt + f32(eps)))
     params, moments, squares = [p.clone()], [m.clone()], [v.clone()]
-    reference.adam_step(
-        params, [g], moments, squares, [], [step], lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd,
-        amsgrad=False, maximize=False, decoupled_weight_decay=True,
-    )  # fmt: skip
+    hyper = AdamHyperparameters(beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, decoupled_weight_decay=True)
+    reference.adam_step(params, [g], moments, squares, [], [step], lr=lr, hyper=hyper)
     assert np.array_equal(moments[0].numpy(), M) and np.array_equal(squares[0].numpy(), V)
     assert np.array_equal(params[0].numpy(), P)
 
@@ -513,7 +512,9 @@ def test_native_step_from_mid_training_state_matches_reference(device):
     if dispatch.why_not("adam", "native", device) is not None:
         pytest.skip("native extension not available")
     ps = make_params([(5,), (CHUNK + 1,)], device)
-    hyper = dict(beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, amsgrad=True, maximize=False)
+    hyper = AdamHyperparameters(
+        beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, amsgrad=True, decoupled_weight_decay=True
+    )
     opt = FusedAdamW(ps, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, amsgrad=True, backend="native")
     set_grads([ps], 0)
     opt.step()  # creates the state; overwritten below, in place
@@ -529,7 +530,7 @@ def test_native_step_from_mid_training_state_matches_reference(device):
     ref_s = [[opt.state[p][key].clone() for p in ps] for key in keys]
     ref_steps = [opt.state[p]["step"].clone() for p in ps]
     opt.step()
-    reference.adam_step(ref_p, grads, *ref_s, ref_steps, lr=1e-2, decoupled_weight_decay=True, **hyper)
+    reference.adam_step(ref_p, grads, *ref_s, ref_steps, lr=1e-2, hyper=hyper)
     for a, b in zip(ps, ref_p, strict=True):
         torch.testing.assert_close(a.detach(), b, rtol=2e-6, atol=2e-7)
     assert all(float(opt.state[p]["step"]) == 4.0 for p in ps)

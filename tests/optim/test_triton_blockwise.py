@@ -17,6 +17,7 @@ import torch
 
 from ampkernels import dispatch, reference
 from ampkernels._constants import QUANT_CODES, STATE_BF16, STATE_F32, STATE_Q4, STATE_Q8
+from ampkernels.optim import AdamHyperparameters
 from ampkernels.optim import reference as optim_reference
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -83,7 +84,7 @@ def _to(tensors, device):
     return [{k: x.clone().to(device) for k, x in t.items()} for t in tensors]
 
 
-def _reference_step(tensors, grads, formats, *, lr, salts, offsets, **kw):
+def _reference_step(tensors, grads, formats, *, lr, salts, offsets, grad_scale=None, found_inf=None, **kw):
     has = tensors[0]
     reference.adam_step_blockwise(
         [t["param"] for t in tensors],
@@ -96,10 +97,12 @@ def _reference_step(tensors, grads, formats, *, lr, salts, offsets, **kw):
         [t["step"] for t in tensors],
         formats=formats,
         lr=lr,
+        hyper=AdamHyperparameters(**kw),
+        grad_scale=grad_scale,
+        found_inf=found_inf,
         master_params=[t["master"] for t in tensors] if "master" in has else [],
         salts=salts,
         offsets=offsets,
-        **kw,
     )
 
 
@@ -124,7 +127,7 @@ def _table(tensors, specs, salts, offsets):
 def _plain_step(table, ref, specs, grads, salts, offsets):
     """One default step (lr 1e-2, AdamW, no scale) of ``table`` and of the reference on ``ref``."""
     kw = dict(HYPER, decoupled_weight_decay=True)
-    table.step_adam([g.to(DEV) for g in grads], 1e-2, None, None, stochastic_rounding=False, seed=0, **kw)
+    table.step_adam([g.to(DEV) for g in grads], 1e-2, None, None, AdamHyperparameters(**kw))
     formats = [(fm, fv) for _, fm, fv in specs]
     _reference_step(ref, grads, formats, lr=1e-2, salts=salts, offsets=offsets, **kw)
 
@@ -189,9 +192,7 @@ def _run(
             lr_ours,
             None if scale is None else scale.to(DEV),
             None if found is None else found.to(DEV),
-            stochastic_rounding=stochastic_rounding,
-            seed=seed,
-            **kw,
+            AdamHyperparameters(**kw, stochastic_rounding=stochastic_rounding, seed=seed),
         )
         _reference_step(
             ref,
@@ -267,7 +268,7 @@ def test_bfloat16_ties_round_to_even():
     ours, ref = _to(initial, DEV), _to(initial, "cpu")
     table = _table(ours, specs, [0, 1], [0, 0])
     kw = dict(HYPER, decoupled_weight_decay=True)
-    table.step_adam([g.to(DEV) for g in _grads(initial, 0)], 0.0, None, None, stochastic_rounding=False, seed=0, **kw)
+    table.step_adam([g.to(DEV) for g in _grads(initial, 0)], 0.0, None, None, AdamHyperparameters(**kw))
     formats = [(fm, fv) for _, fm, fv in specs]
     _reference_step(ref, _grads(initial, 0), formats, lr=0.0, salts=[0, 1], offsets=[0, 0], **kw)
     _compare(ours, ref)
@@ -317,7 +318,7 @@ def test_codes_at_rounding_ties_and_on_the_subnormal_grid(fmt):
     ours, ref = _to(initial, DEV), _to(initial, "cpu")
     table = _table(ours, specs, [0, 1], [0, 0])
     kw = dict(HYPER, beta1=0.0, beta2=0.0, decoupled_weight_decay=True)
-    table.step_adam([g_m.to(DEV), g_v.to(DEV)], 1e-3, None, None, stochastic_rounding=False, seed=0, **kw)
+    table.step_adam([g_m.to(DEV), g_v.to(DEV)], 1e-3, None, None, AdamHyperparameters(**kw))
     _reference_step(ref, [g_m, g_v], [(fmt, STATE_F32), (STATE_F32, fmt)], lr=1e-3, salts=[0, 1], offsets=[0, 0], **kw)
     _compare(ours, ref)
     assert torch.equal(ref[0]["exp_avg"].cpu(), reference.quantize_blockwise(g_m, fmt, False)[0])  # m was g
@@ -413,7 +414,7 @@ def test_amsgrad_with_quantized_second_moment_raises():
     table = _table(tensors, specs, [0], [0])
     kw = dict(HYPER, amsgrad=True, decoupled_weight_decay=True)
     with pytest.raises(ValueError, match="amsgrad"):
-        table.step_adam([torch.ones(2, 256, device=DEV)], 1e-2, None, None, stochastic_rounding=False, seed=0, **kw)
+        table.step_adam([torch.ones(2, 256, device=DEV)], 1e-2, None, None, AdamHyperparameters(**kw))
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf / inf in the interpreter
@@ -453,8 +454,8 @@ def test_unquantized_matches_the_fp32_adam_kernel():
         kw = dict(HYPER, amsgrad=amsgrad, weight_decay=0.01, decoupled_weight_decay=not amsgrad)
         for step in range(2):
             grads = [g.to(DEV) for g in _grads(initial, step)]
-            table.step_adam(grads, 1e-2, None, None, stochastic_rounding=False, seed=0, **kw)
-            fp32.step_adam(grads, 1e-2, None, None, **kw)
+            table.step_adam(grads, 1e-2, None, None, AdamHyperparameters(**kw))
+            fp32.step_adam(grads, 1e-2, None, None, AdamHyperparameters(**kw))
         if DEV == "cpu":
             _compare(ours, theirs)
         else:
@@ -533,7 +534,7 @@ def test_invalid_layouts_raise():
     table = BlockwiseStepTable([p], flat, [(STATE_F32, STATE_F32, 300, 0, 0)])
     kw = dict(HYPER, decoupled_weight_decay=True)
     with pytest.raises(ValueError, match="stochastic_rounding"):
-        table.step_adam([torch.ones_like(p)], 1e-2, None, None, stochastic_rounding=True, seed=0, **kw)
+        table.step_adam([torch.ones_like(p)], 1e-2, None, None, AdamHyperparameters(**kw, stochastic_rounding=True))
 
 
 @triton.jit
@@ -581,5 +582,5 @@ def test_step_launches_on_the_parameters_device(monkeypatch):
     table = _table(tensors, specs, [0], [0])
     grads = _grads(tensors, 1)
     kw = dict(HYPER, decoupled_weight_decay=True)
-    table.step_adam([g.to(DEV) for g in grads], 1e-2, None, None, stochastic_rounding=False, seed=0, **kw)
+    table.step_adam([g.to(DEV) for g in grads], 1e-2, None, None, AdamHyperparameters(**kw))
     assert guarded == [tensors[0]["param"].device]

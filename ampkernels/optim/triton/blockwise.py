@@ -15,6 +15,7 @@ import triton.language as tl
 from ampkernels import dispatch
 from ampkernels._constants import QUANT_BLOCK, QUANT_CODES, STATE_BF16, STATE_F32, STATE_Q4, STATE_Q8
 from ampkernels._runtime import f64_bits, is_dense, num_sms, on_own_device, retain_if_capturing
+from ampkernels.optim.hyperparameters import AdamHyperparameters
 from ampkernels.optim.triton.blockwise_kernels import (
     META_ROWS,
     _blockwise_adam_kernel,
@@ -288,34 +289,20 @@ class BlockwiseStepTable:
             self._grads_aligned = all(g.data_ptr() % 16 == 0 for g in grads if g.numel())
         return grads, g_dtype
 
+    # (Over 80 lines: two launches, whose argument lists, one argument a line, are most of it.)
     @on_own_device
-    def step_adam(
-        self,
-        grads,
-        lr,
-        grad_scale,
-        found_inf,
-        *,
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
-        amsgrad,
-        maximize,
-        decoupled_weight_decay,
-        stochastic_rounding,
-        seed,
-    ) -> None:
+    def step_adam(self, grads, lr, grad_scale, found_inf, hyper: AdamHyperparameters) -> None:
         """One Adam/AdamW step of every parameter (``reference.adam_step_blockwise``), in place.
 
         ``lr``: a float or a 0-d float32 device tensor (read in the kernels). ``grad_scale``, ``found_inf``: None or
-        one-element float32 device tensors (non-zero ``found_inf``: nothing is written). ``stochastic_rounding``
-        applies to bfloat16 parameters; ``seed``: int, up to 64 bits. Salts and offsets come from ``layout``.
+        one-element float32 device tensors (non-zero ``found_inf``: nothing is written). ``hyper.stochastic_rounding``
+        applies to bfloat16 parameters; ``hyper.seed``: int, up to 64 bits. Salts and offsets come from ``layout``.
         """
         grads, g_dtype = self._prepare(grads)
         p_dtype = self.params[0].dtype
-        sr = bool(stochastic_rounding) and p_dtype == torch.bfloat16
-        if amsgrad and (not self.lists[4] or self.v_quantized):
+        beta1, beta2, weight_decay, seed = hyper.beta1, hyper.beta2, hyper.weight_decay, hyper.seed
+        sr = bool(hyper.stochastic_rounding) and p_dtype == torch.bfloat16
+        if hyper.amsgrad and (not self.lists[4] or self.v_quantized):
             raise ValueError("amsgrad needs max_exp_avg_sq and float32/bfloat16 second moments (exp_avg_sq)")
         if sr and self.walks_memory:
             # The rounding stream is indexed by the logical flat index; the kernel walks memory order.
@@ -368,7 +355,7 @@ class BlockwiseStepTable:
                 float(beta2),
                 float(1 - beta1),
                 float(1 - beta2),
-                float(eps),
+                float(hyper.eps),
                 P_DTYPE=_TL_DTYPES[p_dtype],
                 G_DTYPE=_TL_DTYPES[g_dtype],
                 M_DTYPE=_TL_DTYPES[m_dtype],
@@ -381,10 +368,10 @@ class BlockwiseStepTable:
                 V_EB=v_eb,
                 V_MB=v_mb,
                 HAS_MASTER=bool(self.lists[5]),
-                AMSGRAD=bool(amsgrad),
-                MAXIMIZE=bool(maximize),
+                AMSGRAD=bool(hyper.amsgrad),
+                MAXIMIZE=bool(hyper.maximize),
                 HAS_WD=weight_decay != 0,
-                DECOUPLED=bool(decoupled_weight_decay),
+                DECOUPLED=bool(hyper.decoupled_weight_decay),
                 WEIGHT_SMALL=w < 0.5,
                 HAS_SCALE=grad_scale is not None,
                 HAS_FOUND=found_inf is not None,

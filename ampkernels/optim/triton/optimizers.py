@@ -13,6 +13,7 @@ import triton.language as tl
 from ampkernels import dispatch
 from ampkernels._constants import CHUNK
 from ampkernels._runtime import f64_bits, is_dense, num_sms, on_own_device, retain_if_capturing
+from ampkernels.optim.hyperparameters import AdamHyperparameters, SgdHyperparameters
 from ampkernels.optim.triton.optimizers_kernels import _GRAD, _adam_kernel, _prologue_kernel, _sgd_kernel
 
 BLOCK = 1024
@@ -155,23 +156,10 @@ class StepTable:
         )
 
     @on_own_device
-    def step_adam(
-        self,
-        grads,
-        lr,
-        grad_scale,
-        found_inf,
-        *,
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
-        amsgrad,
-        maximize,
-        decoupled_weight_decay,
-    ) -> None:
+    def step_adam(self, grads, lr, grad_scale, found_inf, hyper: AdamHyperparameters) -> None:
         """One Adam/AdamW step of every parameter (``reference.adam_step``); ``lr`` a float or a device tensor."""
         args, lr_is_tensor = self._common(grads, lr, grad_scale, found_inf)
+        beta1, beta2, weight_decay = hyper.beta1, hyper.beta2, hyper.weight_decay
         self._prologue(args, lr_is_tensor, True, beta1, beta2)
         state_dtype = self.lists[0][0].dtype
         _adam_kernel[(_programs(self.device, self.num_chunks),)](
@@ -192,15 +180,15 @@ class StepTable:
             float(beta2),
             float(1 - beta1),
             float(1 - beta2),
-            float(eps),
+            float(hyper.eps),
             P_DTYPE=_TL_DTYPES[self.params[0].dtype],
             G_DTYPE=_TL_DTYPES[grads[0].dtype],
             S_DTYPE=_TL_DTYPES[state_dtype],
             HAS_MASTER=bool(self.lists[3]),
-            AMSGRAD=bool(amsgrad),
-            MAXIMIZE=bool(maximize),
+            AMSGRAD=bool(hyper.amsgrad),
+            MAXIMIZE=bool(hyper.maximize),
             HAS_WD=weight_decay != 0,
-            DECOUPLED=bool(decoupled_weight_decay),
+            DECOUPLED=bool(hyper.decoupled_weight_decay),
             WEIGHT_SMALL=(1 - beta1) < 0.5,
             HAS_SCALE=grad_scale is not None,
             HAS_FOUND=found_inf is not None,
@@ -212,11 +200,10 @@ class StepTable:
         )
 
     @on_own_device
-    def step_sgd(
-        self, grads, lr, grad_scale, found_inf, *, momentum, dampening, weight_decay, nesterov, maximize
-    ) -> None:
+    def step_sgd(self, grads, lr, grad_scale, found_inf, hyper: SgdHyperparameters) -> None:
         """One SGD step of every parameter (``reference.sgd_step``); ``lr`` a float or a device tensor."""
         args, lr_is_tensor = self._common(grads, lr, grad_scale, found_inf)
+        momentum, weight_decay = hyper.momentum, hyper.weight_decay
         has_momentum = momentum != 0
         if has_momentum:
             self._prologue(args, lr_is_tensor, False)
@@ -236,14 +223,14 @@ class StepTable:
             args["lr_bits"],
             float(weight_decay),
             float(momentum),
-            float(1 - dampening),
+            float(1 - hyper.dampening),
             P_DTYPE=_TL_DTYPES[self.params[0].dtype],
             G_DTYPE=_TL_DTYPES[grads[0].dtype],
             S_DTYPE=_TL_DTYPES[state_dtype],
             HAS_MASTER=bool(self.lists[3]),
             HAS_MOMENTUM=has_momentum,
-            NESTEROV=bool(nesterov),
-            MAXIMIZE=bool(maximize),
+            NESTEROV=bool(hyper.nesterov),
+            MAXIMIZE=bool(hyper.maximize),
             HAS_WD=weight_decay != 0,
             HAS_SCALE=grad_scale is not None,
             HAS_FOUND=found_inf is not None,
