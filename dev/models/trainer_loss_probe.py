@@ -31,8 +31,15 @@ def _model_of(name: str, small: bool, repeated: bool):
     def build():
         model = bench_models.MODELS[name][0](small)
         if repeated:
-            first = model.batch_of(0)
-            model = dataclasses.replace(model, batch_of=lambda i: first)
+            batch_of, first = model.batch_of, []
+
+            def batch_zero(i: int):
+                # made when first asked for: outside the device context the model is built in
+                if not first:
+                    first.append(batch_of(0))
+                return first[0]
+
+            model = dataclasses.replace(model, batch_of=batch_zero)
         return model
 
     return build
