@@ -554,7 +554,7 @@ def _check(row: dict[str, Any], baseline: dict[str, Any] | None, recipe: Recipe)
         if not row["warmup_loss_rel_diff"] <= (FLOAT8_LOSS_RTOL if recipe.float8 else warmup_loss_rtol(recipe)):
             problems.append(f"warm-up loss {row['warmup_loss_rel_diff']:.2e}")
     # the loss scale: the first step's
-    first = (baseline.get("warmup_losses") or baseline["step_losses"])[0]
+    first = (baseline.get("warmup_losses") or baseline.get("step_losses") or [baseline["final_loss"]])[0]
     row["loss_rel_diff"] = abs(row["final_loss"] - baseline["final_loss"]) / abs(first)
     if not row["loss_rel_diff"] <= (FLOAT8_LOSS_RTOL if recipe.float8 else LOSS_RTOL):
         problems.append(f"loss {row['loss_rel_diff']:.2e} of the first")
