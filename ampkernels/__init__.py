@@ -7,7 +7,9 @@ One package per kernel family, as ``csrc/``: :mod:`ampkernels.scaler` (the loss 
 ``python -m ampkernels.info`` says which backend each op uses and why.
 """
 
-from ampkernels import _native_fakes, float8, ops, reference  # noqa: F401  (_native_fakes registers on import)
+# (the families in the order dispatch and ``python -m ampkernels.info`` list their ops)
+from ampkernels import scaler, optim, matmul, float8, loss  # noqa: I001, F401
+from ampkernels import _native_fakes, ops, reference  # noqa: F401  (_native_fakes registers on import)
 from ampkernels.cuda_graph import CapturedStep, capture_step
 from ampkernels.loss import LinearCrossEntropy, linear_cross_entropy
 from ampkernels.optim import FusedAdam, FusedAdamW, FusedSGD

@@ -92,3 +92,17 @@ def is_dense(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+def plain_eager(*tensors) -> bool:
+    """Whether an op may skip the ``torch.library`` dispatcher and launch directly: no tracing, compiling, mode or
+    tensor subclass needs to see it, and every tensor of ``tensors`` (None allowed) is a plain eager tensor.
+    NOTE: the custom-op dispatcher costs tens of microseconds of host time per call, as much as the FP8 cast of a
+    4096^2 tensor (dev/matmul/NOTES.md, host time per call)."""
+    if (
+        torch.compiler.is_compiling()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+    ):
+        return False
+    return all(t is None or type(t) is torch.Tensor for t in tensors)

@@ -75,47 +75,15 @@ import functools
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
-SCALER_OPS = ("unscale_reduce_", "update_scale_")
-# "adam_blockwise": FusedAdam's step with low-precision moments or stochastic rounding (its own choice of backend).
-OPTIMIZER_OPS = ("adam", "sgd", "adam_blockwise")
-_MULTI_TENSOR_BACKENDS = ("native", "triton", "torch")
-# "cublas" (torch._scaled_mm) takes float8 operands only: a 16-bit call asking for it raises (see why_not).
-MATMUL_BACKENDS = ("auto", "triton", "wgmma", "wmma", "cublas", "torch")
-FLOAT8_MATMUL_BACKENDS = ("auto", "triton", "wgmma", "cublas", "torch")
-FLOAT8_CAST_BACKENDS = ("native", "triton", "torch")
-FLOAT8_FUSED_BACKENDS = ("triton", "torch")
-#: The backends "auto" chooses between, per problem (per op).
-AUTO_CANDIDATES = ("triton", "wgmma")
-FLOAT8_AUTO_CANDIDATES = ("triton", "wgmma", "cublas")
-_AUTO_CANDIDATES = {"scaled_matmul": AUTO_CANDIDATES, "scaled_matmul_float8": FLOAT8_AUTO_CANDIDATES}
-#: The elementwise ops of ampkernels.float8 (casts; fused norm, SiLU-up, RoPE).
-FLOAT8_ELEMENTWISE_OPS = ("to_float8", "float8_fused")
-#: Ops with a Triton kernel and the reference's math only (Triton the default on CUDA tensors, torch on CPU tensors).
-TRITON_OR_TORCH_OPS = ("float8_fused", "linear_cross_entropy")
-
-BACKENDS: dict[str, tuple[str, ...]] = {
-    **{op: _MULTI_TENSOR_BACKENDS for op in SCALER_OPS + OPTIMIZER_OPS},
-    "scaled_matmul": MATMUL_BACKENDS,
-    "scaled_matmul_float8": FLOAT8_MATMUL_BACKENDS,
-    "to_float8": FLOAT8_CAST_BACKENDS,
-    "float8_fused": FLOAT8_FUSED_BACKENDS,
-    "linear_cross_entropy": ("triton", "torch"),
-}
-
 GLOBAL_VARIABLE = "AMPKERNELS_BACKEND"
-#: The environment variable that overrides each op's backend (before ``AMPKERNELS_BACKEND``).
-VARIABLES: dict[str, str] = {
-    **{op: "AMPKERNELS_SCALER_BACKEND" for op in SCALER_OPS},
-    **{op: "AMPKERNELS_OPTIMIZER_BACKEND" for op in OPTIMIZER_OPS},
-    "scaled_matmul": "AMPKERNELS_SCALED_MATMUL_BACKEND",
-    "scaled_matmul_float8": "AMPKERNELS_SCALED_MATMUL_FLOAT8_BACKEND",
-    "to_float8": "AMPKERNELS_FLOAT8_BACKEND",
-    "float8_fused": "AMPKERNELS_FLOAT8_BACKEND",
-    "linear_cross_entropy": "AMPKERNELS_LOSS_BACKEND",
-}
+#: The values ``AMPKERNELS_BACKEND`` takes (each op maps "native" to its own native kernels: :attr:`Op.native`).
+GLOBAL_BACKENDS = ("native", "triton", "torch")
 
 #: Every environment variable ampkernels reads at run time (the docstring above says what each does).
 ENVIRONMENT = (
@@ -130,17 +98,117 @@ ENVIRONMENT = (
     "TRITON_INTERPRET",
 )
 
-_TRITON_MODULES = {
-    **{op: "ampkernels.scaler.triton.multi_tensor" for op in SCALER_OPS},
-    "adam": "ampkernels.optim.triton.optimizers",
-    "sgd": "ampkernels.optim.triton.optimizers",
-    "adam_blockwise": "ampkernels.optim.triton.blockwise",
-    "scaled_matmul": "ampkernels.matmul.triton.scaled_matmul",
-    "scaled_matmul_float8": "ampkernels.matmul.triton.scaled_matmul",
-    "to_float8": "ampkernels.float8.triton.casts",
-    "float8_fused": "ampkernels.float8.triton.fused",
-    "linear_cross_entropy": "ampkernels.loss.triton.cross_entropy",
-}
+
+# --------------------------------------------------------------------------------------------------------------------
+# The interface every backend implements, and the registry of ops
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One implementation of an op. Each family declares a Protocol that extends this one with its launch methods
+    (``ampkernels.scaler.backends.ScalerBackend`` and the like); its native, Triton and torch backends implement them
+    with the same signatures and return values (tests/test_dispatch.py compares them), so that a caller holds a
+    backend and calls it, never asks which one it holds."""
+
+    #: The name users pass as ``backend=`` and set in the environment variables.
+    name: str
+
+    def why_not(self, device: torch.device) -> str | None:
+        """``None`` when this backend runs on ``device``, else the reason it cannot. Must stay traceable by
+        torch.compile (no imports after the first eager call: see :func:`_import`)."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """An op and its backends, as its family registers it (:func:`register`)."""
+
+    name: str
+    #: What ``python -m ampkernels.info`` shows for the op.
+    label: str
+    #: The op's environment variable, read before ``AMPKERNELS_BACKEND``.
+    variable: str
+    #: Every backend, in the order the docs and ``info`` list them.
+    backends: tuple[Backend, ...]
+    #: The backend names in order of preference on a device: the default is the first that runs there.
+    order: Callable[[torch.device], tuple[str, ...]]
+    #: The family's Protocol, which every backend of the op implements.
+    protocol: type
+    #: What ``AMPKERNELS_BACKEND=native`` means for the op: the first of these that runs. Empty: the op has no
+    #: native kernel and the variable leaves it on its default.
+    native: tuple[str, ...] = ("native",)
+    #: Whether ``AMPKERNELS_BACKEND=native`` where no native kernel of the op runs leaves it on its default (True:
+    #: a preference, for ops with a reference fallback on every device) or raises (False).
+    native_optional: bool = False
+    #: The backends ``"auto"`` chooses between per problem, for ops that have ``auto``.
+    auto: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.backends)
+
+    def backend(self, name: str) -> Backend:
+        return self._by_name[name]
+
+    def __post_init__(self):
+        by_name = {b.name: b for b in self.backends}
+        if len(by_name) != len(self.backends):
+            raise ValueError(f"ampkernels: op {self.name}: two backends share a name ({self.names})")
+        object.__setattr__(self, "_by_name", by_name)
+
+
+def native_first(device: torch.device) -> tuple[str, ...]:
+    """The order of ops with native, Triton and torch backends: native first; Triton on CPU tensors only when asked
+    for (the interpreter is for tests)."""
+    return ("native", "triton", "torch") if device.type == "cuda" else ("native", "torch")
+
+
+def kernels_on_cuda(names: tuple[str, ...]) -> Callable[[torch.device], tuple[str, ...]]:
+    """The order ``names`` on CUDA tensors, the reference (``torch``) alone on any other."""
+    return lambda device: names if device.type == "cuda" else ("torch",)
+
+
+_OPS: dict[str, Op] = {}
+#: Each registered op's backend names (in the order of :attr:`Op.backends`).
+BACKENDS: dict[str, tuple[str, ...]] = {}
+#: Each registered op's environment variable.
+VARIABLES: dict[str, str] = {}
+
+
+def register(op: Op) -> Op:
+    """Registers ``op`` (once per name; a family does it when it is imported, and ``import ampkernels`` imports them
+    all). Every backend must implement ``op.protocol``."""
+    if op.name in _OPS:
+        raise ValueError(f"ampkernels: op {op.name!r} is registered already")
+    for backend in op.backends:
+        if not isinstance(backend, op.protocol):
+            raise TypeError(f"ampkernels: backend {backend.name!r} of {op.name} does not implement {op.protocol}")
+    for name in op.native + op.auto:
+        if name not in op.names:
+            raise ValueError(f"ampkernels: op {op.name}: {name!r} is not one of its backends {op.names}")
+    _OPS[op.name] = op
+    BACKENDS[op.name] = op.names
+    VARIABLES[op.name] = op.variable
+    return op
+
+
+def ops() -> tuple[Op, ...]:
+    """Every registered op, in the order they were registered."""
+    return tuple(_OPS.values())
+
+
+def _op(op: str) -> Op:
+    spec = _OPS.get(op)
+    if spec is None:
+        raise ValueError(f"ampkernels: unknown op {op!r}; ops: {', '.join(_OPS)}")
+    return spec
+
+
+def backend(op: str, name: str) -> Backend:
+    """The backend object of ``op`` called ``name`` (the custom ops carry backend names through the dispatcher,
+    which takes no objects). Raises ValueError for a name that is not one of the op's."""
+    return _op(op).backend(check_backend(op, name))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -215,6 +283,17 @@ def native():
     return _load_native()[0]
 
 
+def native_op(name: str):
+    """``torch.ops.ampkernels.<name>`` of the native extension, or ``None`` when the extension lacks it."""
+    if name not in _NATIVE_OPS:
+        native()
+        try:
+            _NATIVE_OPS[name] = getattr(torch.ops.ampkernels, name)
+        except (AttributeError, RuntimeError):
+            _NATIVE_OPS[name] = None
+    return _NATIVE_OPS[name]
+
+
 def _load_triton(module: str):
     return _import(
         module,
@@ -227,7 +306,10 @@ def _load_triton(module: str):
 def triton_module(op: str):
     """The Triton launch module of ``op`` (e.g. ``ampkernels.scaler.triton.multi_tensor``), or ``None`` when Triton is
     not installed. Raises :class:`BackendImportError` when the module fails to import for any other reason."""
-    return _load_triton(_TRITON_MODULES[_check_op(op)])[0]
+    for candidate in _op(op).backends:
+        if isinstance(candidate, TritonBackend):
+            return candidate.kernels()
+    raise ValueError(f"ampkernels: op {op} has no Triton backend")
 
 
 def triton_interpreting() -> bool:
@@ -235,61 +317,8 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _native_op(name: str):
-    if name not in _NATIVE_OPS:
-        native()
-        try:
-            _NATIVE_OPS[name] = getattr(torch.ops.ampkernels, name)
-        except (AttributeError, RuntimeError):
-            _NATIVE_OPS[name] = None
-    return _NATIVE_OPS[name]
-
-
-def wmma_op():
-    """``torch.ops.ampkernels.scaled_matmul_wmma_``, or ``None`` when the extension lacks it."""
-    return _native_op("scaled_matmul_wmma_")
-
-
-def wgmma_op():
-    """``torch.ops.ampkernels.scaled_matmul_wgmma_``, or ``None`` when the extension lacks it."""
-    return _native_op("scaled_matmul_wgmma_")
-
-
-def float8_cast_op():
-    """``torch.ops.ampkernels.to_float8_native`` (the CUDA FP8 casts), or ``None`` when the extension lacks it."""
-    return _native_op("to_float8_native")
-
-
-def wgmma_float8_op():
-    """``torch.ops.ampkernels.scaled_matmul_fp8_wgmma_``, or ``None`` when the extension lacks it."""
-    return _native_op("scaled_matmul_fp8_wgmma_")
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Why a backend cannot run
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _check_op(op: str) -> str:
-    if op not in BACKENDS:
-        raise ValueError(f"ampkernels: unknown op {op!r}; ops: {', '.join(BACKENDS)}")
-    return op
-
-
-def check_backend(op: str, backend: str | None, argument: str = "backend") -> str | None:
-    """``backend`` if it is ``None`` or one of ``op``'s backend names, else a ValueError naming ``argument`` and the
-    valid names (an empty string is not "the default": it raises too)."""
-    valid = BACKENDS[_check_op(op)]
-    if backend is not None and backend not in valid:
-        where = f"environment variable {argument}" if argument.startswith("AMPKERNELS_") else f"argument '{argument}'"
-        raise ValueError(
-            f"ampkernels: {where}: expected one of {'/'.join(valid)} for {op} (or unset for the default), "
-            f"got {backend!r}"
-        )
-    return backend
-
-
-def _why_not_native(device: torch.device) -> str | None:
+def native_reason(device: torch.device) -> str | None:
+    """Why the native extension cannot run on ``device`` (None when it can)."""
     mod, err = _load_native()
     if mod is None:
         return err
@@ -300,8 +329,9 @@ def _why_not_native(device: torch.device) -> str | None:
     return None
 
 
-def _why_not_triton(op: str, device: torch.device) -> str | None:
-    mod, err = _load_triton(_TRITON_MODULES[op])
+def triton_reason(module: str, device: torch.device) -> str | None:
+    """Why the Triton kernels of ``module`` cannot run on ``device`` (None when they can)."""
+    mod, err = _load_triton(module)
     if mod is None:
         return err
     if triton_interpreting():
@@ -313,100 +343,78 @@ def _why_not_triton(op: str, device: torch.device) -> str | None:
     return "Triton runs on CUDA tensors (or on CPU tensors under TRITON_INTERPRET=1)"
 
 
-def _why_not_matmul(backend: str, device: torch.device) -> str | None:
-    if backend == "cublas":
-        return (
-            "'cublas' (torch._scaled_mm) runs float8 operands only; float16/bfloat16 operands run on "
-            f"{'/'.join(n for n in MATMUL_BACKENDS if n != 'cublas')}"
+# Bases that families' backends extend: the name and the installation check, shared.
+
+
+class NativeBackend:
+    """The C++ extension (CUDA kernels for CUDA tensors, CPU kernels for CPU tensors)."""
+
+    name = "native"
+
+    def why_not(self, device: torch.device) -> str | None:
+        return native_reason(device)
+
+
+class TritonBackend:
+    """Triton kernels in the module named by ``module`` (imported on first use)."""
+
+    name = "triton"
+    module: str
+
+    def why_not(self, device: torch.device) -> str | None:
+        return triton_reason(self.module, device)
+
+    def kernels(self):
+        """The launch module, or ``None`` when Triton is not installed."""
+        return _load_triton(self.module)[0]
+
+
+class AutoBackend:
+    """``auto``: chooses among the op's :attr:`Op.auto` backends per problem (the fastest, timed on first use)."""
+
+    name = "auto"
+
+
+class TorchBackend:
+    """Plain PyTorch (each family's reference): runs everywhere."""
+
+    name = "torch"
+
+    def why_not(self, device: torch.device) -> str | None:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Why a backend cannot run
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def check_backend(op: str, backend: str | None, argument: str = "backend") -> str | None:
+    """``backend`` if it is ``None`` or one of ``op``'s backend names, else a ValueError naming ``argument`` and the
+    valid names (an empty string is not "the default": it raises too)."""
+    valid = _op(op).names
+    if backend is not None and backend not in valid:
+        where = f"environment variable {argument}" if argument.startswith("AMPKERNELS_") else f"argument '{argument}'"
+        raise ValueError(
+            f"ampkernels: {where}: expected one of {'/'.join(valid)} for {op} (or unset for the default), "
+            f"got {backend!r}"
         )
-    if backend == "wmma":
-        if device.type != "cuda":
-            return "the WMMA kernel runs on CUDA tensors only"
-        if wmma_op() is None:
-            return _why_not_native(device) or (
-                "ampkernels._C has no scaled_matmul_wmma_ op (built without its CUDA kernel); "
-                "rebuild with `pip install --no-build-isolation -e .` and CUDA_HOME set"
-            )
-        return None
-    if backend == "wgmma":
-        if device.type != "cuda":
-            return "the wgmma kernel runs on CUDA tensors only"
-        if wgmma_op() is None:
-            return _why_not_native(device) or "ampkernels._C has no scaled_matmul_wgmma_ op"
-        mod = native()
-        if not getattr(mod, "wgmma_built", False):
-            arch_list = getattr(mod, "cuda_arch_list", "")
-            return f"ampkernels._C was built for {arch_list!r}, without 9.0a (TORCH_CUDA_ARCH_LIST), which wgmma needs"
-        capability = torch.cuda.get_device_capability(device)
-        if capability != (9, 0):
-            return f"wgmma needs a compute capability 9.0 GPU (H100, H200), this one is {capability[0]}.{capability[1]}"
-        return None
-    if backend == "auto":
-        if auto_candidates(device):
-            return None
-        return f"'auto' chooses between {' and '.join(AUTO_CANDIDATES)} per problem, and neither runs here"
-    raise AssertionError(backend)
-
-
-def _float8_capable(device: torch.device) -> str | None:
-    if device.type != "cuda":
-        return None
-    capability = torch.cuda.get_device_capability(device)
-    if capability < (8, 9):
-        return f"float8 Tensor Cores need compute capability 8.9 or newer, this GPU is {capability[0]}.{capability[1]}"
-    return None
-
-
-def _why_not_float8_matmul(backend: str, device: torch.device) -> str | None:
-    if backend == "triton":
-        return _why_not_triton("scaled_matmul_float8", device) or _float8_capable(device)
-    if backend == "cublas":
-        if not hasattr(torch, "_scaled_mm"):
-            return f"this torch ({torch.__version__}) has no torch._scaled_mm"
-        if device.type not in ("cpu", "cuda"):
-            return f"torch._scaled_mm runs CUDA (and CPU) tensors, not {device.type}"
-        return _float8_capable(device)
-    if backend == "wgmma":
-        reason = _why_not_matmul("wgmma", device)
-        if reason is None and wgmma_float8_op() is None:
-            reason = "ampkernels._C has no scaled_matmul_fp8_wgmma_ op (built without the fp8 wgmma kernel)"
-        return reason
-    if backend == "auto":
-        if auto_candidates(device, "scaled_matmul_float8"):
-            return None
-        return f"'auto' chooses between {', '.join(FLOAT8_AUTO_CANDIDATES)} per problem, and none runs here"
-    raise AssertionError(backend)
+    return backend
 
 
 def why_not(op: str, backend: str, device: torch.device | str) -> str | None:
     """``None`` when ``backend`` can run ``op`` on ``device``, else the reason it cannot."""
     check_backend(op, backend)
-    device = torch.device(device)
-    if backend == "torch":
-        return None
-    if op == "scaled_matmul_float8" and backend != "native":
-        return _why_not_float8_matmul(backend, device)
-    if backend == "triton":
-        return _why_not_triton(op, device)
-    if backend == "native":
-        reason = _why_not_native(device)
-        if reason is None and op == "to_float8":
-            if device.type != "cuda":
-                return "the native FP8 casts run CUDA tensors only (CPU tensors take the reference)"
-            if float8_cast_op() is None:
-                return "ampkernels._C has no to_float8_native op (built before the native casts; rebuild it)"
-        return reason
-    return _why_not_matmul(backend, device)
+    return _OPS[op].backend(backend).why_not(torch.device(device))
 
 
 @functools.cache
 def _auto_candidates(device: torch.device, op: str) -> tuple[str, ...]:
-    return tuple(name for name in _AUTO_CANDIDATES[op] if why_not(op, name, device) is None)
+    return tuple(name for name in _OPS[op].auto if why_not(op, name, device) is None)
 
 
 def auto_candidates(device: torch.device, op: str = "scaled_matmul") -> tuple[str, ...]:
-    """The backends "auto" chooses between that run ``op`` (scaled_matmul or scaled_matmul_float8) on ``device``
-    (:data:`AUTO_CANDIDATES`, :data:`FLOAT8_AUTO_CANDIDATES`; cached per device)."""
+    """The backends "auto" chooses between (:attr:`Op.auto`) that run ``op`` on ``device`` (cached per device)."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return _auto_candidates(device, op)
@@ -419,70 +427,77 @@ def auto_candidates(device: torch.device, op: str = "scaled_matmul") -> tuple[st
 
 def requested(op: str, backend: str | None = None) -> tuple[str | None, str]:
     """(the backend asked for, who asked): ``backend`` (argument), else the op's variable, else the global one;
-    ``(None, "default")`` when nobody asked. Raises ValueError for a name that is not one of the op's backends."""
+    ``(None, "default")`` when nobody asked. Raises ValueError for a name that is not one of the op's backends (a
+    variable shared by several ops may name another's backend: this op then reads on, as if it were unset)."""
+    spec = _op(op)
     check_backend(op, backend)
     if backend is not None:
         return backend, "argument 'backend'"
-    variable = VARIABLES[op]
-    value = os.environ.get(variable)
-    if value == "native" and op == "float8_fused":
-        value = None  # AMPKERNELS_FLOAT8_BACKEND=native: the casts; the fused kernels have no native version
+    value = os.environ.get(spec.variable)
+    if (
+        value
+        and value not in spec.names
+        and any(value in o.names for o in _OPS.values() if o.variable == spec.variable)
+    ):
+        value = None  # e.g. AMPKERNELS_FLOAT8_BACKEND=native: the casts'; the fused kernels have no native version
     if value:
-        return check_backend(op, value, argument=variable), variable
+        return check_backend(op, value, argument=spec.variable), spec.variable
     value = os.environ.get(GLOBAL_VARIABLE)
     if value:
-        if value not in _MULTI_TENSOR_BACKENDS:
+        if value not in GLOBAL_BACKENDS:
             raise ValueError(
                 f"ampkernels: environment variable {GLOBAL_VARIABLE}: expected one of "
-                f"{'/'.join(_MULTI_TENSOR_BACKENDS)}, got {value!r}"
+                f"{'/'.join(GLOBAL_BACKENDS)}, got {value!r}"
             )
-        return value, GLOBAL_VARIABLE  # for scaled_matmul, "native" is resolved by select()
+        return value, GLOBAL_VARIABLE  # "native" is resolved by choose() (Op.native)
     return None, "default"
 
 
-def _default(op: str, device: torch.device) -> str:
-    if op in ("scaled_matmul", "scaled_matmul_float8"):
-        if device.type != "cuda":
-            return "torch"
-        if len(auto_candidates(device, op)) > 1:
-            return "auto"
-        order = (
-            ("triton", "wgmma", "wmma", "torch") if op == "scaled_matmul" else ("triton", "wgmma", "cublas", "torch")
+def _default(spec: Op, device: torch.device) -> Backend:
+    return next(spec.backend(name) for name in spec.order(device) if why_not(spec.name, name, device) is None)
+
+
+def _global_native(spec: Op, device: torch.device) -> Backend:
+    """``AMPKERNELS_BACKEND=native``: the first of the op's native kernels that runs here (:attr:`Op.native`)."""
+    reasons = {name: why_not(spec.name, name, device) for name in spec.native}
+    runs = [name for name, reason in reasons.items() if reason is None]
+    if runs:
+        return spec.backend(runs[0])
+    if not reasons or spec.native_optional:
+        return _default(spec, device)
+    if len(reasons) == 1:
+        ((name, reason),) = reasons.items()
+        raise RuntimeError(
+            f"ampkernels: {spec.name}: backend {name!r} ({GLOBAL_VARIABLE}) cannot run on {device}: {reason}"
         )
-    elif op in FLOAT8_ELEMENTWISE_OPS or op in TRITON_OR_TORCH_OPS:
-        order = BACKENDS[op] if device.type == "cuda" else ("torch",)
-    elif op == "adam_blockwise" and device.type == "cuda":
-        # NOTE (H200, 1.1B params): Triton's blockwise step runs 8-bit moments in 5.4 ms and bfloat16 + stochastic
-        # rounding in 4.1 ms, the CUDA kernel in 12.0 and 7.5 ms (dev/optimizers/NOTES.md).
-        order = ("triton", "native", "torch")
-    else:
-        order = ("native", "triton", "torch") if device.type == "cuda" else ("native", "torch")
-    return next(name for name in order if why_not(op, name, device) is None)
+    detail = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+    raise RuntimeError(
+        f"ampkernels: {spec.name}: {GLOBAL_VARIABLE}=native, and no native kernel runs on {device} ({detail})"
+    )
 
 
-def select(op: str, device: torch.device | str, requested_backend: str | None = None) -> str:
+def choose(op: str, device: torch.device | str, requested_backend: str | None = None) -> Backend:
     """The backend that runs ``op`` on ``device``: ``requested_backend`` (RuntimeError with the reason if it cannot
-    run), else the op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs."""
+    run), else the op's environment variable, else ``AMPKERNELS_BACKEND``, else the first that runs
+    (:attr:`Op.order`)."""
+    spec = _op(op)
     device = torch.device(device)
     name, source = requested(op, requested_backend)
     if name is None:
-        return _default(op, device)
-    if (op in FLOAT8_ELEMENTWISE_OPS or op in TRITON_OR_TORCH_OPS) and name == "native" and source == GLOBAL_VARIABLE:
-        # AMPKERNELS_BACKEND=native: the native casts where they run, else the op's default
-        if name not in BACKENDS[op] or why_not(op, name, device) is not None:
-            return _default(op, device)
-    if op in ("scaled_matmul", "scaled_matmul_float8") and name == "native":
-        # AMPKERNELS_BACKEND=native: the native kernel that runs here
-        reasons = {k: why_not(op, k, device) for k in (("wgmma", "wmma") if op == "scaled_matmul" else ("wgmma",))}
-        ok = [k for k, reason in reasons.items() if reason is None]
-        if ok:
-            return ok[0]
-        detail = "; ".join(f"{k}: {reason}" for k, reason in reasons.items())
-        raise RuntimeError(f"ampkernels: {op}: {source}=native, and no native kernel runs on {device} ({detail})")
+        return _default(spec, device)
+    if name == "native" and source == GLOBAL_VARIABLE:
+        return _global_native(spec, device)
+    if name not in spec.names:  # AMPKERNELS_BACKEND=triton/torch for an op without that backend: its default
+        return _default(spec, device)
     reason = why_not(op, name, device)
     if reason is not None:
         raise RuntimeError(f"ampkernels: {op}: backend {name!r} ({source}) cannot run on {device}: {reason}")
-    return name
+    return spec.backend(name)
+
+
+def select(op: str, device: torch.device | str, requested_backend: str | None = None) -> str:
+    """The name of :func:`choose`'s backend."""
+    return choose(op, device, requested_backend).name
 
 
 def clear_caches() -> None:

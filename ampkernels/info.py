@@ -24,22 +24,9 @@ from ampkernels import __version__, dispatch
 # Lowest compute capability whose Tensor Cores take each dtype.
 _TENSOR_CORE_DTYPES = [("float16", (7, 0)), ("bfloat16", (8, 0)), ("tf32", (8, 0)), ("float8 (e4m3/e5m2)", (8, 9))]
 
-_OP_NAMES = {
-    "unscale_reduce_": "unscale_reduce_ (unscale + non-finite check + norm)",
-    "update_scale_": "update_scale_",
-    "adam": "adam (FusedAdam, FusedAdamW)",
-    "sgd": "sgd (FusedSGD)",
-    "adam_blockwise": "adam_blockwise (FusedAdam with low-precision moments or stochastic rounding)",
-    "scaled_matmul": "scaled_matmul (and ScaledLinear)",
-    "scaled_matmul_float8": "scaled_matmul_float8 (scaled_matmul on float8 operands)",
-    "to_float8": "to_float8 (FP8 casts: to_float8, to_float8_pair)",
-    "float8_fused": "float8_fused (fused rms_norm, silu_mul, rotary_embedding)",
-    "linear_cross_entropy": "linear_cross_entropy (and LinearCrossEntropy)",
-}
-
 
 def _op_line(op: str, device: torch.device, errors: list[BaseException]) -> str:
-    label = _OP_NAMES[op]
+    label = next(spec.label for spec in dispatch.ops() if spec.name == op)
     try:
         return _op_line_or_raise(op, label, device)
     except dispatch.BackendImportError as exc:  # a broken module: shown, and the command fails
@@ -49,13 +36,13 @@ def _op_line(op: str, device: torch.device, errors: list[BaseException]) -> str:
 
 def _op_line_or_raise(op: str, label: str, device: torch.device) -> str:
     try:
-        chosen = dispatch.select(op, device)
+        backend = dispatch.choose(op, device)
     except (RuntimeError, ValueError) as exc:  # an override that cannot run here, or a bad name in it
         return f"  {label}: {exc}"
     asked, source = dispatch.requested(op)
     how = f"{source}={asked}" if asked is not None else "default"
-    shown = chosen
-    if chosen == "auto":
+    chosen = shown = backend.name
+    if isinstance(backend, dispatch.AutoBackend):
         candidates = dispatch.auto_candidates(device, op)
         shown = f"auto ({' or '.join(candidates)} per problem, the fastest as timed on first use)"
     others = []

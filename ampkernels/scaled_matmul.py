@@ -7,10 +7,11 @@ from __future__ import annotations
 import torch
 
 from ampkernels import dispatch
-from ampkernels.dispatch import AUTO_CANDIDATES
-from ampkernels.dispatch import MATMUL_BACKENDS as BACKENDS
 from ampkernels.matmul.api import ScaledLinear, clear_caches, scaled_matmul, select_backend
+from ampkernels.matmul.backends import AUTO_CANDIDATES, SCALED_MATMUL
 from ampkernels.matmul.launch import AUTO_LOG
+
+BACKENDS = SCALED_MATMUL.names
 
 __all__ = [
     "AUTO_CANDIDATES",

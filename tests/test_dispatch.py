@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from ampkernels import dispatch, info
 
 PACKAGE = Path(ampkernels.__file__).parent
 CSRC = PACKAGE.parent / "csrc"
-MULTI_TENSOR_OPS = dispatch.SCALER_OPS + dispatch.OPTIMIZER_OPS
+MULTI_TENSOR_OPS = ("unscale_reduce_", "update_scale_", "adam", "sgd", "adam_blockwise")
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +52,7 @@ def test_every_op_has_its_backends_and_one_variable():
     assert dispatch.BACKENDS["linear_cross_entropy"] == ("triton", "torch")
 
 
-@pytest.mark.parametrize("op", dispatch.TRITON_OR_TORCH_OPS)
+@pytest.mark.parametrize("op", ["float8_fused", "linear_cross_entropy"])
 def test_triton_or_torch_ops_default_to_torch_on_cpu_and_ignore_native(op, monkeypatch):
     assert dispatch.select(op, "cpu") == "torch"  # the interpreter runs only when asked for
     monkeypatch.setenv(dispatch.GLOBAL_VARIABLE, "native")
@@ -226,7 +228,7 @@ def plant(monkeypatch, tmp_path):
         name = f"ampkernels_planted_{len(planted)}"
         (tmp_path / f"{name}.py").write_text(source)
         planted.append(name)
-        monkeypatch.setitem(dispatch._TRITON_MODULES, "adam", name)
+        monkeypatch.setattr(dispatch.backend("adam", "triton"), "module", name)
         return name
 
     yield plant
@@ -322,7 +324,9 @@ def test_require_names_each_backend_that_does_not_run_here(capsys):
     assert "torch" not in missing
     assert ("native" in missing) == (dispatch.native() is None)
     assert ("triton" in missing) == (importlib.util.find_spec("triton") is None)
-    assert ("wgmma" in missing) == (not torch.cuda.is_available() or dispatch.wgmma_op() is None), missing
+    assert ("wgmma" in missing) == (
+        not torch.cuda.is_available() or dispatch.native_op("scaled_matmul_wgmma_") is None
+    ), missing
     assert "not a backend name" in missing["nonsense"]
     assert info.main(["--require", "torch,nonsense"]) == 1
     assert "required backend 'nonsense' does not run here" in capsys.readouterr().err
@@ -362,6 +366,7 @@ def test_require_as_ci_calls_it():
 # them, as on a machine without them): import, info and a CPU training step must still work.
 _WITHOUT_OPTIONAL_PIECES = r"""
 import sys
+import typing
 
 blocked = sys.argv[1].split(",")
 
@@ -424,3 +429,55 @@ def test_import_info_and_a_step_work_without_the_optional_pieces(tmp_path):
     assert "plot: plot_scale_history needs matplotlib" in out
     assert "triton: triton is not installed" in out and "require: 1" in out
     assert "required backend 'triton' does not run here: triton is not installed" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Backends behind one declared interface
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _protocol_methods(protocol: type) -> dict[str, inspect.Signature]:
+    """The methods ``protocol`` declares beyond :class:`dispatch.Backend`'s (its own and its bases')."""
+    base = set(vars(dispatch.Backend))
+    methods = {}
+    for cls in protocol.__mro__:
+        if cls in (dispatch.Backend, typing.Protocol, typing.Generic, object):
+            continue
+        for name, value in vars(cls).items():
+            if callable(value) and not name.startswith("_") and name not in base:
+                methods.setdefault(name, _parameters(value))
+    return methods
+
+
+def _parameters(fn) -> list[tuple[str, object, object]]:
+    """(name, kind, default) of each parameter: annotations are written once, on the Protocol."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("op", [spec.name for spec in dispatch.ops()])
+def test_every_backend_implements_its_family_protocol_with_the_same_signatures(op):
+    spec = next(s for s in dispatch.ops() if s.name == op)
+    declared = _protocol_methods(spec.protocol)
+    for backend in spec.backends:
+        assert isinstance(backend, dispatch.Backend)
+        assert isinstance(backend, spec.protocol), (op, backend.name)
+        for name, signature in declared.items():
+            actual = _parameters(getattr(type(backend), name))
+            assert actual == signature, f"{op}: backend {backend.name!r}: {name}{actual} != {name}{signature}"
+
+
+def test_no_code_outside_dispatch_compares_backend_names():
+    """The choice is dispatch's: families hold a backend object and call it (names travel only as arguments, through
+    the custom ops and the error messages)."""
+    names = {name for spec in dispatch.ops() for name in spec.names}
+    pattern = re.compile(
+        r"""(?:==|!=)\s*["'](%s)["']|["'](%s)["']\s*(?:==|!=)|in \(["'](%s)["']""" % (("|".join(names),) * 3)
+    )
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "dispatch.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -16,9 +16,10 @@ import torch
 from ampkernels import dispatch
 from ampkernels._constants import FLOAT8_DTYPES
 from ampkernels._native_fakes import check, native_fake
+from ampkernels._runtime import plain_eager
+from ampkernels.float8 import backends as _backends  # noqa: F401  (registers the ops' backends)
 from ampkernels.float8 import reference
 from ampkernels.float8.reference import FLOAT8_GRANULARITIES
-from ampkernels.matmul.api import _plain_eager
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -109,7 +110,7 @@ def _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, b
 
 def _native(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch=None):
     """The CUDA casts (``ampkernels::to_float8_native``): (data or empty, data_t or empty, scale_inv)."""
-    return dispatch.float8_cast_op().default(
+    return dispatch.native_op("to_float8_native").default(
         x,
         dtype,
         per_row,
@@ -298,7 +299,7 @@ def to_float8(
     """
     fn = "to_float8"
     x2, scale, name = _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, backend)
-    if _plain_eager(x2, scale, amax_out, found_inf):
+    if plain_eager(x2, scale, amax_out, found_inf):
         # NOTE: the custom-op dispatcher costs tens of us of host time per call (as much as the cast of a 4096^2
         # tensor); plain eager tensors need none of what it does (see ampkernels/matmul/api.py).
         result = _launch(x2, dtype, granularity, scale, amax_out, transpose, found_inf, name)
@@ -315,7 +316,7 @@ def cast_with_produced_amax(
     (``pair``) or :func:`to_float8`, without their amax pass. None where that does not apply (the reference backend,
     a traced call): the caller casts as usual."""
     backend = dispatch.select("to_float8", x.device)
-    if backend == "torch" or not _plain_eager(x):
+    if backend == "torch" or not plain_eager(x):
         return None
     x = x.detach()
     if backend == "native":
@@ -344,7 +345,7 @@ def to_float8_pair(
     if isinstance(x, torch.Tensor) and x.ndim < 2:
         raise _error(fn, "x", f"expected at least 2 dimensions [..., M, K], got {_shape(x)}")
     x2, scale, name = _checked(fn, x, dtype, "tensor", scale, amax_out, False, found_inf, backend)
-    if _plain_eager(x2, scale, amax_out, found_inf):
+    if plain_eager(x2, scale, amax_out, found_inf):
         result = _launch_pair(x2, dtype, scale, amax_out, found_inf, name)
         _bump(amax_out, found_inf)
         return result

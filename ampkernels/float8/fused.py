@@ -25,9 +25,9 @@ from torch import nn
 
 from ampkernels import dispatch
 from ampkernels._autograd import first_order
-from ampkernels._runtime import capturing
+from ampkernels._runtime import capturing, plain_eager
+from ampkernels.float8 import backends as _backends  # noqa: F401  (registers the ops' backends)
 from ampkernels.float8 import reference
-from ampkernels.matmul.api import _plain_eager
 
 __all__ = ["RMSNorm", "produced_amax", "rms_norm", "rotary_embedding", "silu_mul"]
 
@@ -177,7 +177,7 @@ class _RMSNormFunction(torch.autograd.Function):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
         w = weight.detach().contiguous()  # (the kernels read the weight as a dense [D] vector)
-        if _plain_eager(x2, scratch):
+        if plain_eager(x2, scratch):
             out, rstd = _launch_rms_norm(x2, w, eps, scratch, backend)
         else:
             out, rstd = torch.ops.ampkernels.rms_norm(x2, w, eps, scratch, backend)
@@ -190,7 +190,7 @@ class _RMSNormFunction(torch.autograd.Function):
     def backward(ctx, grad):
         x2, w, rstd = ctx.saved_tensors
         g = grad.reshape(x2.shape).contiguous()
-        if _plain_eager(g, x2):
+        if plain_eager(g, x2):
             grad_x, grad_w = _launch_rms_norm_backward(g, x2, w, rstd, ctx.backend)
         else:
             grad_x, grad_w = torch.ops.ampkernels.rms_norm_backward(g, x2, w, rstd, ctx.backend)
@@ -226,7 +226,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *, backen
     name = dispatch.select(_OP, x.device, dispatch.check_backend(_OP, backend))
     if x.numel() == 0:
         return reference.rms_norm(x, weight, eps)
-    record = name == "triton" and _plain_eager(x) and not torch.compiler.is_compiling()
+    record = name == "triton" and plain_eager(x) and not torch.compiler.is_compiling()
     scratch = _new_scratch(x) if record else None
     out = _RMSNormFunction.apply(x, weight, float(eps), scratch, name)
     if scratch is not None:
@@ -312,7 +312,7 @@ class _SiluMulFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, scratch, backend):
         g, u = gate.contiguous(), up.contiguous()
-        if _plain_eager(g, u, scratch):
+        if plain_eager(g, u, scratch):
             out = _launch_silu_mul(g, u, scratch, backend)
         else:
             out = torch.ops.ampkernels.silu_mul(g, u, scratch, backend)
@@ -325,7 +325,7 @@ class _SiluMulFunction(torch.autograd.Function):
     def backward(ctx, grad):
         g, u = ctx.saved_tensors
         grad = grad.contiguous()
-        if _plain_eager(grad, g, u):
+        if plain_eager(grad, g, u):
             grad_gate, grad_up = _launch_silu_mul_backward(grad, g, u, ctx.backend)
         else:
             grad_gate, grad_up = torch.ops.ampkernels.silu_mul_backward(grad, g, u, ctx.backend)
@@ -355,7 +355,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None
     name = dispatch.select(_OP, gate.device, dispatch.check_backend(_OP, backend))
     if gate.numel() == 0:
         return reference.silu_mul(gate, up)
-    record = name == "triton" and _plain_eager(gate, up) and not torch.compiler.is_compiling()
+    record = name == "triton" and plain_eager(gate, up) and not torch.compiler.is_compiling()
     scratch = _new_scratch(gate) if record else None
     out = _SiluMulFunction.apply(gate, up, scratch, name)
     if scratch is not None:
@@ -412,7 +412,7 @@ def _(x, cos, sin, inverse, backend):
 
 
 def _rotate(x, cos, sin, inverse, backend):
-    if _plain_eager(x):
+    if plain_eager(x):
         return _launch_rotary(x, cos, sin, inverse, backend)
     return torch.ops.ampkernels.rotary(x, cos, sin, inverse, backend)
 

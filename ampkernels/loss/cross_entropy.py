@@ -25,6 +25,7 @@ import torch
 from ampkernels import dispatch
 from ampkernels._autograd import first_order
 from ampkernels._runtime import capturing
+from ampkernels.loss import backends as _backends  # noqa: F401  (registers the ops' backends)
 from ampkernels.loss import reference
 
 __all__ = ["LinearCrossEntropy", "linear_cross_entropy"]

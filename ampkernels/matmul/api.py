@@ -24,7 +24,7 @@ import torch
 from ampkernels import dispatch
 from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
 from ampkernels._modules import buffers_keep_dtype
-from ampkernels._runtime import capturing
+from ampkernels._runtime import capturing, plain_eager
 from ampkernels.matmul import launch as matmul_dispatch
 from ampkernels.matmul import library as _library  # noqa: F401  (registers the torch.library ops)
 from ampkernels.matmul.launch import auto_backend, cublas_refuses, launch, launch_float8
@@ -340,7 +340,7 @@ def _scaled_matmul_checked(
         _launch_float8_op(name, a2, b, None, None, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out)
         return out
     autocasting = torch.is_autocast_enabled(a.device.type)
-    if key is not None and not autocasting and _plain_eager(a2, b, scale_t, bias, out, found_inf):
+    if key is not None and not autocasting and plain_eager(a2, b, scale_t, bias, out, found_inf):
         # the caller's bias: later calls of the signature hand it to the kernel as they get it (when it passes
         # make's rule, it is the checked bias itself)
         entry = _Call.make(
@@ -353,7 +353,7 @@ def _scaled_matmul_checked(
     if out is None:
         out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
     out2 = out.view(M, N)
-    if _plain_eager(a2, b, scale_t, bias, out2, found_inf):
+    if plain_eager(a2, b, scale_t, bias, out2, found_inf):
         # NOTE: the custom-op dispatcher costs as much host time per call as a 1024^3 matmul takes on the GPU
         # (dev/matmul/NOTES.md); plain eager tensors need none of what it does (tracing, fake tensors), so launch
         # directly and bump the version counters the op's ADInplaceOrView kernel would have.
@@ -499,7 +499,7 @@ class _Call:
             or (scale_is_tensor and scale.requires_grad)
         ):
             return None
-        if torch.is_autocast_enabled(a.device.type) or not _plain_eager():
+        if torch.is_autocast_enabled(a.device.type) or not plain_eager():
             return None
         launcher = self.launcher
         if scale_is_tensor:
@@ -527,17 +527,6 @@ class _Call:
         if found_inf is not None:
             torch.autograd.graph.increment_version(found_inf)
         return out
-
-
-def _plain_eager(*tensors) -> bool:
-    """True when no tracing, compiling, mode or tensor subclass needs to see the op (plain eager tensors)."""
-    if (
-        torch.compiler.is_compiling()
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._is_torch_function_mode_enabled()
-    ):
-        return False
-    return all(t is None or type(t) is torch.Tensor for t in tensors)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -576,7 +565,7 @@ def _launch_float8_op(name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias,
             return _launch_float8_op(
                 name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out
             )
-    if _plain_eager(a2, b, scale_a, scale_b, scale_t, bias, out2, found_inf, amax_out):
+    if plain_eager(a2, b, scale_a, scale_b, scale_t, bias, out2, found_inf, amax_out):
         launch_float8(name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, amax_out)
         for mutated in (out, found_inf, amax_out):
             if mutated is not None:
@@ -640,7 +629,7 @@ def _scaled_matmul_float8(
         }  # fmt: skip
         _check_out(out, out_shape, out_dtype, a.device, others)
     a2 = a if a.ndim == 2 else a.reshape(M, K)
-    if key is not None and _plain_eager(a2, b, scale_t, scale_a, scale_b, bias, out, found_inf, amax_out):
+    if key is not None and plain_eager(a2, b, scale_t, scale_a, scale_b, bias, out, found_inf, amax_out):
         entry = _Float8Call.make(
             scale, scale_t, mode, scale_a, scale_b, caller_bias, out_dtype, out, accumulate, name, out_shape
         )
@@ -703,7 +692,7 @@ class _Float8Call:
             type(t) is torch.Tensor and t.requires_grad for t in (a, b, scale, scale_a, scale_b, bias, out)
         ):
             return None
-        if torch.is_autocast_enabled(a.device.type) or not _plain_eager():
+        if torch.is_autocast_enabled(a.device.type) or not plain_eager():
             return None
         out_shape = self.out_shape
         M, N = math.prod(out_shape[:-1]), out_shape[-1]

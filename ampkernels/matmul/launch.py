@@ -14,6 +14,7 @@ import torch
 from ampkernels import dispatch
 from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
 from ampkernels._runtime import capturing, num_sms, time_in_turns
+from ampkernels.matmul import backends as _backends  # noqa: F401  (registers the ops' backends)
 from ampkernels.matmul import reference, tuning
 
 # NOTE: on the large shapes Triton and wgmma measured within a few percent of each other, either one ahead; on the
@@ -124,7 +125,7 @@ def launch(backend, a, b, scale, scale_mode, alpha, bias, out, accumulate, found
         # The native ops take row- or column-major operands only.
         a = a if a.is_contiguous() or a.t().is_contiguous() else a.contiguous()
         b = b if b.is_contiguous() or b.t().is_contiguous() else b.contiguous()
-        op = dispatch.wmma_op() if backend == "wmma" else dispatch.wgmma_op()
+        op = dispatch.native_op("scaled_matmul_wmma_" if backend == "wmma" else "scaled_matmul_wgmma_")
         op(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
     else:
         raise AssertionError(f"unknown backend {backend!r}")  # select() returns only known names
@@ -389,7 +390,7 @@ def launch_float8(
         )  # fmt: skip
     elif backend == "wgmma":
         a, b = _k_major(a, b)
-        dispatch.wgmma_float8_op()(
+        dispatch.native_op("scaled_matmul_fp8_wgmma_")(
             a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
         )
     elif backend == "cublas":

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ampkernels import dispatch
+from ampkernels.optim import backends as _backends  # noqa: F401  (registers the ops' backends)
 from ampkernels.optim import reference, state_formats
 from ampkernels.optim.hyperparameters import AdamHyperparameters, SgdHyperparameters
 

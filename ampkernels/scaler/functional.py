@@ -18,7 +18,9 @@ from typing import NamedTuple
 import torch
 
 from ampkernels import dispatch
-from ampkernels._constants import NO_CLIP, NormKind, norm_kind
+from ampkernels._constants import NormKind, norm_kind
+from ampkernels._runtime import is_dense
+from ampkernels.scaler import backends as _backends  # noqa: F401  (registers the ops' backends)
 from ampkernels.scaler import library as _library  # noqa: F401  (registers the native ops' fakes)
 from ampkernels.scaler import reference
 
@@ -55,16 +57,7 @@ _SHARED_MEMORY = (
 )
 
 
-def _is_dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill its memory, in any order (``at::Tensor::is_non_overlapping_and_dense``)."""
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda x: x[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+_is_dense = is_dense  # (``at::Tensor::is_non_overlapping_and_dense``)
 
 
 def intersecting(spans: list[tuple[int, int, int]]) -> tuple[int, int] | None:
@@ -195,54 +188,8 @@ def unscale_reduce_(
             raise ValueError(f"ampkernels: argument 'max_norm': must be >= 0, got {max_norm}")
     tensors = list(tensors)
     _check_tensors(tensors, device, write)
-    name = dispatch.select("unscale_reduce_", device, backend)
-    if name == "native":
-        norm, each, coef = torch.ops.ampkernels.unscale_reduce_(
-            tensors,
-            scale,
-            found_inf,
-            factor,
-            write,
-            int(kind),
-            per_tensor,
-            NO_CLIP if max_norm is None else float(max_norm),
-        )
-        has_norm = kind is not NormKind.NONE
-        return UnscaleResult(
-            norm if has_norm else None,
-            each if has_norm and per_tensor else None,
-            coef if has_norm and max_norm is not None else None,
-        )
-    if name == "triton":
-        # The Triton kernels walk flat memory: stage non-contiguous views through a contiguous copy.
-        staged = {i: t.contiguous() for i, t in enumerate(tensors) if not t.is_contiguous()}
-        flat = [staged.get(i, t) for i, t in enumerate(tensors)]
-        coef = torch.empty((), dtype=torch.float32, device=device) if max_norm is not None else None
-        norm, each = dispatch.triton_module("unscale_reduce_").unscale_reduce_(
-            flat,
-            scale,
-            found_inf,
-            factor=factor,
-            write=write,
-            norm_type=norm_type,
-            per_tensor=per_tensor,
-            max_norm=max_norm,
-            coef_out=coef,
-        )
-        if write:
-            for i, copy in staged.items():
-                tensors[i].copy_(copy)
-        return UnscaleResult(norm, each, coef)
-    # As the native op: a non-dense tensor is read through a copy taken before anything is written, so that a view
-    # over a listed tensor is unscaled from its values as given, once.
-    staged = {i: t.contiguous() for i, t in enumerate(tensors) if write and not _is_dense(t)}
-    flat = [staged.get(i, t) for i, t in enumerate(tensors)]
-    norm, each = reference.unscale_reduce_(
-        flat, scale, found_inf, factor=factor, write=write, norm_type=norm_type, per_tensor=per_tensor
-    )
-    for i, copy in staged.items():
-        tensors[i].copy_(copy)
-    coef = reference.clip_coef(norm, max_norm) if max_norm is not None else None
+    chosen = dispatch.choose("unscale_reduce_", device, backend)
+    norm, each, coef = chosen.unscale_reduce_(tensors, scale, found_inf, factor, write, kind, per_tensor, max_norm)
     return UnscaleResult(norm, each, coef)
 
 
@@ -321,38 +268,7 @@ def update_scale_(
             raise ValueError("ampkernels: argument 'history': needs counters (its write position is counters[0])")
         _check_scalar(history, "history", device, numel=history.numel())
         _not_written_outside_autograd(history, "history")
-    name = dispatch.select("update_scale_", device, backend)
-    if name == "native":
-        tracker = hysteresis_tracker
-        if tracker is None:  # hysteresis 1: the tracker's value never matters, only that one exists
-            tracker = torch.ones(1, dtype=torch.int32, device=scale.device)
-        torch.ops.ampkernels.update_scale_(
-            scale,
-            growth_tracker,
-            tracker,
-            found_inf,
-            float(growth_factor),
-            float(backoff_factor),
-            int(growth_interval),
-            int(hysteresis),
-            float(min_scale),
-            float(max_scale),
-            counters,
-            history,
-        )
-        return
-    impl = dispatch.triton_module("update_scale_") if name == "triton" else reference
-    impl.update_scale_(
-        scale,
-        growth_tracker,
-        found_inf,
-        growth_factor,
-        backoff_factor,
-        growth_interval,
-        hysteresis=hysteresis,
-        hysteresis_tracker=hysteresis_tracker,
-        min_scale=min_scale,
-        max_scale=max_scale,
-        history=history,
-        counters=counters,
-    )
+    dispatch.choose("update_scale_", device, backend).update_scale_(
+        scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval, hysteresis,
+        hysteresis_tracker, min_scale, max_scale, history, counters,
+    )  # fmt: skip

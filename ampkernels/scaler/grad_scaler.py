@@ -280,11 +280,8 @@ class FusedGradScaler(GradScaler):
             by_device[p.device].append(p)
         tables = []
         for device, params in by_device.items():
-            name = dispatch.select("unscale_reduce_", device, self._backend)
-            if name == "native" and not any(distributed.is_dtensor(p) for p in params):
-                table = dispatch.native().GradTable(params, str(device))
-            else:
-                table = _TorchGradTable(params, device, name)
+            backend = dispatch.choose("unscale_reduce_", device, self._backend)
+            table = backend.grad_table(params, device) or _TorchGradTable(params, device, backend.name)
             tables.append((device, table, params))
         self._grad_tables[optimizer] = (flat, tables)
         return tables

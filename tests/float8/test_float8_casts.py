@@ -500,7 +500,7 @@ def test_opcheck(path, delayed, backend):
         torch.library.opcheck(torch.ops.ampkernels.to_float8.default, args)
 
 
-NATIVE_OP = dispatch.float8_cast_op()
+NATIVE_OP = dispatch.native_op("to_float8_native")
 needs_native_op = pytest.mark.skipif(NATIVE_OP is None, reason="ampkernels._C without to_float8_native")
 
 

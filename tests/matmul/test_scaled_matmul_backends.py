@@ -43,7 +43,7 @@ def test_backend_choice(monkeypatch):
 def test_wgmma_needs_a_build_for_9_0a(monkeypatch):
     # The wgmma kernel exists only in sm_90a code: a build without 9.0a in TORCH_CUDA_ARCH_LIST must say so (and the
     # default order then moves on to WMMA) before anything asks the GPU.
-    if dispatch.wgmma_op() is None:
+    if dispatch.native_op("scaled_matmul_wgmma_") is None:
         pytest.skip("ampkernels._C is not built")
 
     class BuiltForSm90:
