@@ -7,6 +7,9 @@ Sections (``python -m benchmarks --only float8``):
   ``rotary_embedding`` against the model's plain torch;
 * GEMMs (:mod:`benchmarks.float8_gemms`): FP8 scaled_matmul against ``torch._scaled_mm`` and bf16 cuBLAS on the
   six training shapes of float8_gemms.SHAPES;
+* where the step goes (:mod:`benchmarks.float8_profile`): the FP8 tensorwise + fused loss step, eager and graphed,
+  profiled, its kernels' time by category beside each category's floor (FLOPs at the GEMM and attention rates,
+  bytes at the copy bandwidth, measured in the same run), and the idle and launch gaps;
 * layer sizes: forward + backward of one ``nn.Linear`` of width K -> N at 16384 tokens under bf16 autocast against
   the same layer as a Float8Linear (tensorwise, rowwise): where FP8 starts to pay, the rule behind
   ``convert_to_float8``'s ``min_features``;
@@ -407,10 +410,10 @@ def _measured_size_rule(rows: list[dict[str, Any]]) -> dict[str, int | None]:
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    from benchmarks import float8_casts, float8_fused, float8_gemms
+    from benchmarks import float8_casts, float8_fused, float8_gemms, float8_profile
 
     on_gpu = ctx.device.type == "cuda"
-    ctx.progress.reset(total=len(_stack_variants(ctx)) + len(LAYER_SHAPES if on_gpu else CPU_LAYER_SHAPES) + 3)
+    ctx.progress.reset(total=len(_stack_variants(ctx)) + len(LAYER_SHAPES if on_gpu else CPU_LAYER_SHAPES) + 4)
     document: dict[str, Any] = {"mode": "gpu" if on_gpu else "cpu-small"}
     ctx.progress.set_postfix_str("casts")
     # Each section's table is also written as it finishes, for a run cut short by a time limit.
@@ -426,6 +429,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
     ctx.progress.write(float8_gemms.report_gemms(document["gemms"]))
     ctx.progress.update()
     document["stack"] = _stack_section(ctx)
+    ctx.progress.set_postfix_str("step profile")
+    stack = document["stack"]
+    document["profile"] = float8_profile.run_profile(ctx, stack["config"], tuple(stack["batch"]))
+    ctx.progress.write(float8_profile.report_profile(document["profile"]))
+    ctx.progress.update()
     document["layers"] = _layer_section(ctx)
     return document
 
@@ -487,7 +495,7 @@ def _report_stack(section: dict[str, Any]) -> str:
 
 
 def report(document: dict[str, Any]) -> str:
-    from benchmarks import float8_casts, float8_fused, float8_gemms
+    from benchmarks import float8_casts, float8_fused, float8_gemms, float8_profile
 
     parts = [
         float8_casts.report_casts(document["casts"]),
@@ -495,6 +503,7 @@ def report(document: dict[str, Any]) -> str:
         float8_gemms.report_gemms(document["gemms"]),
         _report_layers(document["layers"]),
         _report_stack(document["stack"]),
+        float8_profile.report_profile(document.get("profile", {})),
     ]
     return "\n\n".join(parts)
 
