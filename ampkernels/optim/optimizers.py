@@ -8,13 +8,17 @@ bucket (plus a one-thread-per-tensor prologue for the step counts), with no host
 * step counts are float32 device tensors and the bias corrections are computed on the device, so the step can be
   captured in a CUDA graph (pass the learning rate as a 0-d device tensor to change it between replays).
 
-The launch metadata of each bucket is built once and re-validated in C++ each step (``ampkernels._C.OptimizerTable``),
-so the host work per step does not loop over parameters in Python. ``state_dict`` uses torch's keys ('step',
-'exp_avg', 'exp_avg_sq', 'max_exp_avg_sq', 'momentum_buffer') and loads from and into torch.optim.Adam/AdamW/SGD.
+The launch metadata of each bucket is built once by its backend
+(:meth:`ampkernels.optim.backends.OptimizerBackend.table`) and re-validated each step (in C++ for the native backend,
+``ampkernels._C.OptimizerTable``, so that the host work per step does not loop over parameters in Python).
+``state_dict`` uses torch's keys ('step', 'exp_avg', 'exp_avg_sq', 'max_exp_avg_sq', 'momentum_buffer') and loads
+from and into torch.optim.Adam/AdamW/SGD.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -23,7 +27,7 @@ from typing import Any
 import torch
 
 from ampkernels import dispatch
-from ampkernels.optim import backends as _backends  # noqa: F401  (registers the ops' backends)
+from ampkernels.optim import backends as _backends  # (importing it registers the ops' backends)
 from ampkernels.optim import reference, state_formats
 from ampkernels.optim.hyperparameters import AdamHyperparameters, SgdHyperparameters
 
@@ -103,9 +107,9 @@ class _Bucket:
     grad_dtype: torch.dtype
     params: list[torch.Tensor]  # what the kernels step: the parameters, or a DTensor parameter's local shard
     lists: list[list[torch.Tensor]]  # per _ADAM_KEYS / _SGD_KEYS / _BLOCKWISE_KEYS entry: one per parameter, or []
-    backend: str
+    impl: _backends.OptimizerBackend  # the backend that steps it (its name: ``backend``)
     watch: list[torch.Tensor] = field(default_factory=list)  # params of the group without a gradient at build time
-    table: Any = None  # ampkernels._C.OptimizerTable (native) or ampkernels.optim.triton.optimizers.StepTable (triton)
+    table: _backends.BucketTable | None = None  # built by ``impl`` (OptimizerBackend.table)
     # With master weights: each parameter's storage address and version counter when its master was last in sync
     # with it. A write into the parameter from outside (model.load_state_dict, an in-place copy_ under no_grad)
     # bumps the counter, and ``p.data = t`` moves the storage; the next step then takes the parameter as the truth
@@ -116,8 +120,11 @@ class _Bucket:
     # DTensor (or FP8-all-gather) parameters whose local tensors are ``params``: their gradients (shards) are handed
     # over every step.
     sources: list[torch.Tensor] | None = None
-    # The shapes of ``params`` the state was made for (``p.data = t`` can change them).
-    shapes: list[torch.Size] = field(default_factory=list)
+
+    @property
+    def backend(self) -> str:
+        """The name of the backend that steps the bucket."""
+        return self.impl.name
 
     @property
     def masters(self) -> list[torch.Tensor]:
@@ -152,13 +159,24 @@ class _Bucket:
             for local in self.params:
                 local.grad = None
 
-    def still_valid(self) -> bool:
-        """For the Python backends: the gradients are where the bucket was built for, and the parameters and their
-        gradients have the shapes the state was made for (native: checked in C++, which sees any new storage)."""
-        return all(
-            p.grad is not None and p.grad.dtype == self.grad_dtype and p.shape == shape and p.grad.shape == shape
-            for p, shape in zip(self.params, self.shapes, strict=True)
-        ) and all(p.grad is None for p in self.watch)
+
+def _record_synced(synced: dict[int, tuple[int, int]], bucket: _Bucket, versions: list[tuple[int, int]]) -> None:
+    """The masters of ``bucket`` are in sync with its parameters as ``versions`` describes them (``synced``: the
+    optimizer's ``_master_synced``)."""
+    bucket.versions = versions
+    for p, version in zip(bucket.sources_or_params(), versions, strict=True):
+        synced[id(p)] = version
+
+
+def _reference_launch(step, bucket_ref, synced, grads, lr, grad_scale, found_inf, hyper) -> None:
+    """The torch backend's step of a bucket (its table holds it, bound to all but the step's arguments): the
+    optimizer's reference ``step``, then the parameters' versions recorded, as the reference writes them with copy_
+    (which counts as a version). Holds the bucket weakly and not the optimizer: the bucket holds the table, and a
+    reference cycle would keep both, and all the state, alive past the optimizer."""
+    bucket = bucket_ref()
+    step(bucket, grads, lr, grad_scale, found_inf, hyper)
+    if bucket.versions:
+        _record_synced(synced, bucket, bucket.param_versions())
 
 
 @dataclass
@@ -177,7 +195,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     # the gradients and skipping the step on the host.
     _step_supports_amp_scaling = True
 
-    _KIND = ""  # "adam" or "sgd": names the tables' kernels (OptimizerTable/StepTable .step_<kind>)
+    _KIND = ""  # "adam" or "sgd": the op, and the kind of step the backends' tables run
     _STATE_KEYS: tuple = ()
 
     def __init__(self, params, defaults: dict[str, Any], backend: str | None) -> None:
@@ -473,11 +491,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         planned = []
         for (device, dtype, grad_dtype, wrapped), params in grouped.items():
             blockwise = self._blockwise(group, dtype)
-            backend = dispatch.select("adam_blockwise" if blockwise else self._KIND, device, self._requested_backend)
+            backend = dispatch.choose("adam_blockwise" if blockwise else self._KIND, device, self._requested_backend)
             layout = None
             if blockwise:
-                if backend != "torch":
-                    self._check_rounding_layout(index, group, params, backend)
+                self._check_rounding_layout(index, group, params, backend)
                 if not salt:  # the rounding stream's salt: each parameter's index in the optimizer, as on every rank
                     salt = {id(q): i for i, q in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
                 layout = [self._layout_of(p, group, salt[id(p)]) for p in params]
@@ -531,14 +548,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _bucket(self, group, device, grad_dtype, wrapped, params, backend, layout, watch) -> _Bucket:
         """The bucket of ``params`` (checked by :meth:`_build_plan`): their state, created or converted, and the
-        launch table of ``backend``."""
+        step table of ``backend`` (an :class:`~ampkernels.optim.backends.OptimizerBackend`)."""
         blockwise = layout is not None
         states = [self._init_state(p, group, blockwise) for p in params]
         keys = _BLOCKWISE_KEYS if blockwise else self._STATE_KEYS
         lists = [[s[k] for s in states] if states[0][k] is not None else [] for k in range(len(keys))]
         locals_ = [_local(p) for p in params]
         bucket = _Bucket(device, grad_dtype, locals_, lists, backend, watch, layout=layout)
-        bucket.shapes = [x.shape for x in locals_]
         if wrapped:
             bucket.sources = params
             bucket.hand_over_gradients()
@@ -551,21 +567,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if self._master_synced.get(id(p), version) != version:
                     master.copy_(_local(p))
             self._record_synced(bucket, versions)
-        if backend == "native":
-            native = dispatch.native()
-            if blockwise:
-                bucket.table = native.BlockwiseAdamTable(locals_, lists, layout, watch, grad_dtype)
-            else:
-                bucket.table = native.OptimizerTable(self._KIND, locals_, lists, watch, grad_dtype)
-        elif backend == "triton":
-            if blockwise:
-                from ampkernels.optim.triton import blockwise as triton_blockwise
-
-                bucket.table = triton_blockwise.BlockwiseStepTable(locals_, lists, layout)
-            else:
-                from ampkernels.optim.triton import optimizers as triton_optimizers
-
-                bucket.table = triton_optimizers.StepTable(self._KIND, locals_, lists)
+        reference = functools.partial(
+            _reference_launch, type(self)._reference_step, weakref.ref(bucket), self._master_synced
+        )
+        bucket.table = backend.table(self._KIND, locals_, lists, watch, grad_dtype, layout, reference)
         return bucket
 
     def _check_state_shapes(self, p: torch.Tensor, i: int, index: int) -> None:
@@ -596,7 +601,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """The blockwise step's (first format, second format, row length, salt, shard offset) of ``p``."""
         raise NotImplementedError
 
-    def _check_rounding_layout(self, index: int, group: dict[str, Any], params: list, backend: str) -> None:
+    def _check_rounding_layout(
+        self, index: int, group: dict[str, Any], params: list, backend: _backends.OptimizerBackend
+    ) -> None:
         """Subclasses: refuse parameters whose blockwise step ``backend`` cannot compute as the reference does."""
 
     def _plan(self, index: int, group: dict[str, Any]) -> _Plan:
@@ -637,7 +644,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """The group's hyperparameters as every backend takes them (built once per group and step)."""
         raise NotImplementedError
 
-    def _reference_step(self, bucket: _Bucket, grads, lr, grad_scale, found_inf, hyper) -> None:
+    @staticmethod
+    def _reference_step(bucket: _Bucket, grads, lr, grad_scale, found_inf, hyper) -> None:
+        """The torch backend's step of ``bucket`` (the reference)."""
         raise NotImplementedError
 
     def _ready(self, bucket: _Bucket, rebuilt: bool = False) -> bool:
@@ -650,15 +659,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if bucket.versions:  # (what was loaded into the new local tensors, before the plan is rebuilt)
                 self._resync_loaded(bucket)
             return False
-        if bucket.backend != "native":
-            ready = bucket.still_valid()
-        else:
-            try:
-                ready = bucket.table.refresh()  # (re-reads the gradients in C++, and arms the table's next step)
-            except RuntimeError:  # a gradient of another shape: the rebuilt plan refuses it, naming the parameter
-                if rebuilt:
-                    raise
-                ready = False
+        try:
+            ready = bucket.table.ready()  # (native: re-reads the gradients in C++, and arms the table's next step)
+        except RuntimeError:  # a gradient of another shape: the rebuilt plan refuses it, naming the parameter
+            if rebuilt:
+                raise
+            ready = False
         if not ready:
             bucket.let_go_of_gradients()
         return ready
@@ -691,23 +697,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Steps one bucket, made ready by :meth:`_ready`."""
         if bucket.versions:
             self._resync_loaded(bucket)
-        if bucket.backend == "native":
-            getattr(bucket.table, f"step_{self._KIND}")(lr, lr_tensor, hyper, grad_scale, found_inf)
-            return
-        grads = [p.grad for p in bucket.params]
-        lr_value = lr_tensor if lr_tensor is not None else lr
-        if bucket.backend == "triton":
-            getattr(bucket.table, f"step_{self._KIND}")(grads, lr_value, grad_scale, found_inf, hyper)
-            return
-        self._reference_step(bucket, grads, lr_value, grad_scale, found_inf, hyper)
-        if bucket.versions:  # the reference writes the parameters with copy_, which counts as a version
-            self._record_synced(bucket, bucket.param_versions())
+        bucket.table.step(lr, lr_tensor, hyper, grad_scale, found_inf)
 
     def _record_synced(self, bucket: _Bucket, versions: list[tuple[int, int]]) -> None:
         """The masters of ``bucket`` are in sync with its parameters as ``versions`` describes them."""
-        bucket.versions = versions
-        for p, version in zip(bucket.sources_or_params(), versions, strict=True):
-            self._master_synced[id(p)] = version
+        _record_synced(self._master_synced, bucket, versions)
 
     def _resync_loaded(self, bucket: _Bucket) -> None:
         """Copy parameters written from outside since the last step into their masters (they are the truth). One
@@ -931,8 +925,8 @@ class FusedAdam(_FusedOptimizer):
     def _check_rounding_layout(self, index, group, params, backend):
         # The rounding stream is indexed by the element's logical flat index (reference.adam_step_blockwise). The
         # native kernels walk a non-contiguous parameter (channels_last, a transposed view) in memory order and
-        # index the stream in that order, the Triton kernel refuses it: both are refused here, by name.
-        if not group["stochastic_rounding"]:
+        # index the stream in that order, the Triton kernel refuses it: both are refused here, naming the backend.
+        if backend.strided_rounding or not group["stochastic_rounding"]:
             return
         for p in params:
             local = _local(p)
@@ -940,7 +934,7 @@ class FusedAdam(_FusedOptimizer):
                 i = next(i for i, q in enumerate(group["params"]) if q is p)
                 raise ValueError(
                     f"{type(self).__name__}: parameter {i} of param group {index} (shape {tuple(local.shape)}, "
-                    f"strides {local.stride()}) is not contiguous: stochastic_rounding on the {backend} backend "
+                    f"strides {local.stride()}) is not contiguous: stochastic_rounding on the {backend.name} backend "
                     "needs contiguous bfloat16 parameters (make it contiguous, or use backend='torch')"
                 )
 
@@ -1018,7 +1012,8 @@ class FusedAdam(_FusedOptimizer):
     def _hyper(self, group):
         return AdamHyperparameters.of_group(group)
 
-    def _reference_step(self, bucket, grads, lr, grad_scale, found_inf, hyper):
+    @staticmethod
+    def _reference_step(bucket, grads, lr, grad_scale, found_inf, hyper):
         if bucket.layout is not None:
             exp_avgs, exp_avg_scales, exp_avg_sqs, exp_avg_sq_scales, max_sqs, masters, steps = bucket.lists
             reference.adam_step_blockwise(
@@ -1183,7 +1178,8 @@ class FusedSGD(_FusedOptimizer):
     def _hyper(self, group):
         return SgdHyperparameters.of_group(group)
 
-    def _reference_step(self, bucket, grads, lr, grad_scale, found_inf, hyper):
+    @staticmethod
+    def _reference_step(bucket, grads, lr, grad_scale, found_inf, hyper):
         bufs, _, _, masters, steps = bucket.lists
         reference.sgd_step(
             bucket.params,
