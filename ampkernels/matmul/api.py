@@ -27,7 +27,7 @@ from ampkernels._modules import buffers_keep_dtype
 from ampkernels._runtime import capturing, plain_eager
 from ampkernels.matmul import launch as matmul_dispatch
 from ampkernels.matmul import library as _library  # noqa: F401  (registers the torch.library ops)
-from ampkernels.matmul.launch import auto_backend, cublas_refuses, launch, launch_float8
+from ampkernels.matmul.launch import launch_float8
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -288,10 +288,10 @@ def _scaled_matmul_checked(
     if b.dtype != a.dtype:
         raise _error("b", f"expected dtype {a.dtype} (like a), got {b.dtype}")
 
-    name = select_backend(a.device, backend)
+    chosen = dispatch.choose("scaled_matmul", a.device, backend)
     # float32/float64 operands are accepted only when the reference is asked for by name: by default they are
     # most likely a missing autocast, and silently running an fp32 matmul would hide that.
-    wide_ok = dispatch.requested("scaled_matmul", backend)[0] == "torch"
+    wide_ok = chosen.wide_operands and dispatch.requested("scaled_matmul", backend)[0] is not None
     allowed = KERNEL_DTYPES + ((torch.float32, torch.float64) if wide_ok else ())
     if a.dtype not in allowed:
         hint = "" if wide_ok else "; cast, use torch.autocast, or pass backend='torch' for float32/float64"
@@ -329,7 +329,7 @@ def _scaled_matmul_checked(
         if amax_out is not None:
             raise _error("amax_out", "is not supported with autograd (an input requires grad); call without it")
         result, flag = torch.ops.ampkernels.scaled_mm(
-            a2, b, scale_t, mode, alpha, bias, out_dtype, found_inf is not None, name
+            a2, b, scale_t, mode, alpha, bias, out_dtype, found_inf is not None, chosen.name
         )
         if found_inf is not None:
             torch.maximum(found_inf.reshape(1), flag, out=found_inf.view(1))
@@ -337,33 +337,35 @@ def _scaled_matmul_checked(
     if amax_out is not None:  # the op with the amax epilogue (no cached signature: not a hot path for 16 bits)
         if out is None:
             out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
-        _launch_float8_op(name, a2, b, None, None, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out)
+        _launch_float8_op(
+            chosen.name, a2, b, None, None, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out
+        )
         return out
+    result = torch.empty(out_shape, dtype=out_dtype, device=a.device) if out is None else out
+    out2 = result.view(M, N)
     autocasting = torch.is_autocast_enabled(a.device.type)
     if key is not None and not autocasting and plain_eager(a2, b, scale_t, bias, out, found_inf):
         # the caller's bias: later calls of the signature hand it to the kernel as they get it (when it passes
         # make's rule, it is the checked bias itself)
         entry = _Call.make(
-            a, b, scale, scale_t, mode, alpha, caller_bias, out_dtype, out, accumulate, found_inf, name, out_shape
-        )
+            a, a2, b, scale, scale_t, mode, alpha, caller_bias, out_dtype, out, out2, accumulate, found_inf, chosen,
+            out_shape,
+        )  # fmt: skip
         if entry is not None:
             if len(_CALLS) >= _MAX_CACHED:
                 _CALLS.clear()
             _CALLS[key] = entry
-    if out is None:
-        out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
-    out2 = out.view(M, N)
     if plain_eager(a2, b, scale_t, bias, out2, found_inf):
         # NOTE: the custom-op dispatcher costs as much host time per call as a 1024^3 matmul takes on the GPU
         # (dev/matmul/NOTES.md); plain eager tensors need none of what it does (tracing, fake tensors), so launch
         # directly and bump the version counters the op's ADInplaceOrView kernel would have.
-        launch(name, a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf)
-        torch.autograd.graph.increment_version(out)
+        chosen.launch(a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf)
+        torch.autograd.graph.increment_version(result)
         if found_inf is not None:
             torch.autograd.graph.increment_version(found_inf)
-        return out
-    torch.ops.ampkernels.scaled_mm_(a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, name)
-    return out
+        return result
+    torch.ops.ampkernels.scaled_mm_(a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, chosen.name)
+    return result
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -456,7 +458,12 @@ class _Call:
     )
 
     @classmethod
-    def make(cls, a, b, scale, scale_t, mode, alpha, bias, out_dtype, out, accumulate, found_inf, name, out_shape):
+    def make(
+        cls, a, a2, b, scale, scale_t, mode, alpha, bias, out_dtype, out, out2, accumulate, found_inf, backend,
+        out_shape,
+    ):  # fmt: skip
+        """``out``: as the caller passed it (None or a tensor); ``a2``, ``out2``: the 2-D views the launch takes;
+        ``backend``: the chosen one (:class:`~ampkernels.matmul.backends.MatmulBackend`), "auto" resolved here."""
         if a.dtype not in KERNEL_DTYPES or type(scale) not in (float, int, type(None), torch.Tensor):
             return None
         if isinstance(scale, torch.Tensor) and not (
@@ -474,18 +481,10 @@ class _Call:
         # byte extents of out and of the tensors it must not overlap (a, b, scale, bias, found_inf)
         call.extents = (_extent(out), tuple(_extent(t) for t in (a, b, scale, bias, found_inf)))
         call.launcher = None
-        if call.M > 0 and call.N > 0 and call.K > 0 and name in ("auto", "triton"):
-            a2 = a if a.ndim == 2 else a.reshape(call.M, call.K)
-            out2 = torch.empty(out_shape, dtype=out_dtype, device=a.device) if out is None else out
-            out2 = out2.view(call.M, call.N)
-            if name == "auto":
-                name = auto_backend(a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf)
-            if name == "triton":
-                # the kernel launcher itself (it reads the scale through its pointer: no reshaped view either)
-                call.launcher = dispatch.triton_module("scaled_matmul").launcher_for(
-                    a2, b, scale_t, mode, bias, out2, accumulate, found_inf
-                )
-        call.backend = name
+        if call.M > 0 and call.N > 0 and call.K > 0:
+            backend = backend.resolve(a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf)
+            call.launcher = backend.direct_launcher(a2, b, scale_t, mode, bias, out2, accumulate, found_inf)
+        call.backend = backend
         return call
 
     def run(self, a, b, scale, bias, out, found_inf):
@@ -523,7 +522,7 @@ class _Call:
         if launcher is not None:
             launcher(a2, b, scale_t, alpha, bias, out2, found_inf)
         else:
-            launch(self.backend, a2, b, scale_t, self.mode, alpha, bias, out2, self.accumulate, found_inf)
+            self.backend.launch(a2, b, scale_t, self.mode, alpha, bias, out2, self.accumulate, found_inf)
         if found_inf is not None:
             torch.autograd.graph.increment_version(found_inf)
         return out
@@ -587,21 +586,16 @@ def _scaled_matmul_float8(
         raise _error("b", f"expected a float8 tensor (a is {a.dtype}), got {b.dtype}")
     if a.dtype == b.dtype == torch.float8_e5m2:
         raise _error("b", "float8_e5m2 x float8_e5m2 is not supported (cuBLAS refuses it too): one of a, b e4m3fn")
-    name = dispatch.select("scaled_matmul_float8", a.device, backend)
+    chosen = dispatch.choose("scaled_matmul_float8", a.device, backend)
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
     if out_dtype not in OUT_DTYPES:
         raise _error("out_dtype", f"expected one of float16, bfloat16, float32, got {out_dtype}")
     out_shape = (*a.shape[:-1], b.shape[1])
     M, K, N = math.prod(a.shape[:-1]), b.shape[0], b.shape[1]
-    if name == "cublas":
-        reason = cublas_refuses(K, N, a.device)
-        if reason is not None:
-            raise _error("backend", f"'cublas': {reason}; backend 'triton' or 'auto' takes any shape")
-    if name == "wgmma" and K % 16:
-        raise _error(
-            "backend", f"'wgmma': the FP8 kernel needs K multiples of 16, got K={K}; 'triton' or 'auto' takes any shape"
-        )
+    reason = chosen.refuses(K, N, a.device)
+    if reason is not None:
+        raise _error("backend", reason)
     rows = (*a.shape[:-1], 1)
     caller_factors = {"scale_a": scale_a, "scale_b": scale_b}  # for the overlap check: before any copy
     scale_a = _check_factor("scale_a", scale_a, a, M, ((M, 1), rows))
@@ -631,7 +625,7 @@ def _scaled_matmul_float8(
     a2 = a if a.ndim == 2 else a.reshape(M, K)
     if key is not None and plain_eager(a2, b, scale_t, scale_a, scale_b, bias, out, found_inf, amax_out):
         entry = _Float8Call.make(
-            scale, scale_t, mode, scale_a, scale_b, caller_bias, out_dtype, out, accumulate, name, out_shape
+            scale, scale_t, mode, scale_a, scale_b, caller_bias, out_dtype, out, accumulate, chosen, out_shape
         )
         if entry is not None:
             if len(_FLOAT8_CALLS) >= _MAX_CACHED:
@@ -639,7 +633,9 @@ def _scaled_matmul_float8(
             _FLOAT8_CALLS[key] = entry
     if out is None:
         out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
-    _launch_float8_op(name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out)
+    _launch_float8_op(
+        chosen.name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out
+    )
     return out
 
 
@@ -666,8 +662,9 @@ class _Float8Call:
     __slots__ = ("backend", "out_shape", "out_dtype", "mode", "scale_shape", "accumulate", "extents", "vectors")
 
     @classmethod
-    def make(cls, scale, scale_t, mode, scale_a, scale_b, bias, out_dtype, out, accumulate, name, out_shape):
-        """``bias``: as the caller passed it (every float dtype is read as is: only its layout matters)."""
+    def make(cls, scale, scale_t, mode, scale_a, scale_b, bias, out_dtype, out, accumulate, backend, out_shape):
+        """``bias``: as the caller passed it (every float dtype is read as is: only its layout matters); ``backend``:
+        the chosen one (:class:`~ampkernels.matmul.backends.Float8MatmulBackend`)."""
         if type(scale) not in (float, int, type(None), torch.Tensor):
             return None
         if isinstance(scale, torch.Tensor) and not (
@@ -679,7 +676,7 @@ class _Float8Call:
         if capturing():
             return None  # what a capture settles is provisional
         call = cls()
-        call.backend, call.out_shape, call.out_dtype = name, out_shape, out_dtype
+        call.backend, call.out_shape, call.out_dtype = backend, out_shape, out_dtype
         call.mode, call.accumulate = mode, bool(accumulate)
         call.scale_shape = None if scale_t is None else tuple(scale_t.shape)
         call.vectors = (scale_a is not None and scale_a.numel() > 1, scale_b is not None and scale_b.numel() > 1)
@@ -715,9 +712,9 @@ class _Float8Call:
         if self.vectors[1]:
             scale_b = scale_b.reshape(N).contiguous()
         a2 = a if a.ndim == 2 else a.reshape(M, K)
-        launch_float8(
-            self.backend, a2, b, scale_a, scale_b, scale_t, self.mode, alpha, bias, out.view(M, N), self.accumulate,
-            found_inf, amax_out,
+        self.backend.launch_float8(
+            a2, b, scale_a, scale_b, scale_t, self.mode, alpha, bias, out.view(M, N), self.accumulate, found_inf,
+            amax_out,
         )  # fmt: skip
         for mutated in (out, found_inf, amax_out):
             if mutated is not None:

@@ -1,6 +1,7 @@
 """How a scaled_matmul call reaches its backend: :func:`launch` (on normalized 2-D arguments), :func:`launch_float8`
-(float8 operands, and the 16-bit ones with ``amax_out``) and the per-problem choice of ``"auto"``
-(:func:`auto_backend`, :func:`float8_auto_backend`). Which backends exist and which runs by default:
+(float8 operands, and the 16-bit ones with ``amax_out``), each on a backend named as the custom ops carry it, and the
+per-problem choice of ``"auto"`` (:func:`auto_backend`, :func:`float8_auto_backend`). The launches themselves are the
+backends' methods (:mod:`ampkernels.matmul.backends`); which backends exist and which runs by default:
 :mod:`ampkernels.dispatch`.
 """
 
@@ -12,10 +13,16 @@ from collections import deque
 import torch
 
 from ampkernels import dispatch
-from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
+from ampkernels._constants import FLOAT8_DTYPES
 from ampkernels._runtime import capturing, num_sms, time_in_turns
-from ampkernels.matmul import backends as _backends  # noqa: F401  (registers the ops' backends)
-from ampkernels.matmul import reference, tuning
+from ampkernels.matmul import backends as _backends  # registers the ops' backends
+from ampkernels.matmul import tuning
+from ampkernels.matmul.backends import (  # noqa: F401  (the rules, at their former import path)
+    FAST_ACCUMULATION_MAX_K,
+    cublas_refuses,
+    fast_accumulation_ok,
+    wgmma_float8_takes,
+)
 
 # NOTE: on the large shapes Triton and wgmma measured within a few percent of each other, either one ahead; on the
 # 768-wide layers, whose 128x256 Triton tiles leave the last wave mostly idle, the wgmma kernel leads
@@ -83,9 +90,10 @@ def _time_auto(candidates: tuple[str, ...], key: tuple, args: tuple) -> str:
     a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf = args
     scratch_out = torch.zeros_like(out)
     scratch_flag = None if found_inf is None else torch.zeros_like(found_inf)
+    backend = _backends.SCALED_MATMUL.backend
     runs = {
         name: functools.partial(
-            launch, name, a, b, scale, scale_mode, alpha, bias, scratch_out, accumulate, scratch_flag
+            backend(name).launch, a, b, scale, scale_mode, alpha, bias, scratch_out, accumulate, scratch_flag
         )
         for name in candidates
     }
@@ -104,31 +112,10 @@ def _fastest(runs: dict, key: tuple, device: torch.device) -> str:
     return best
 
 
-def launch(backend, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
-    """``out (+)= alpha * scale * (a @ b) + bias`` on normalized 2-D arguments (see the op schema)."""
-    if a.shape[0] == 0 or b.shape[1] == 0:
-        return
-    if backend == "auto" and a.shape[1] > 0:
-        backend = auto_backend(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
-    if backend == "torch" or a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
-        ref_scale = scale
-        if scale_mode == SCALE_ROW:
-            ref_scale = scale[:, None]
-        reference.scaled_matmul(
-            a, b, ref_scale, alpha=alpha, bias=bias, out=out, accumulate=accumulate, found_inf=found_inf
-        )
-    elif backend == "triton":
-        dispatch.triton_module("scaled_matmul").scaled_mm_(
-            a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf
-        )
-    elif backend in ("wmma", "wgmma"):
-        # The native ops take row- or column-major operands only.
-        a = a if a.is_contiguous() or a.t().is_contiguous() else a.contiguous()
-        b = b if b.is_contiguous() or b.t().is_contiguous() else b.contiguous()
-        op = dispatch.native_op("scaled_matmul_wmma_" if backend == "wmma" else "scaled_matmul_wgmma_")
-        op(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
-    else:
-        raise AssertionError(f"unknown backend {backend!r}")  # select() returns only known names
+def launch(backend: str, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
+    """``out (+)= alpha * scale * (a @ b) + bias`` on normalized 2-D arguments (see the op schema), on the
+    scaled_matmul backend called ``backend`` (:meth:`~ampkernels.matmul.backends.MatmulBackend.launch`)."""
+    _backends.SCALED_MATMUL.backend(backend).launch(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
 
 
 def clear_caches() -> None:
@@ -147,59 +134,35 @@ def clear_caches() -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def cublas_refuses(K: int, N: int, device: torch.device) -> str | None:
-    """Why ``torch._scaled_mm`` cannot take this problem on ``device`` (None when it can): cuBLAS's FP8 GEMM wants K
-    and N multiples of 16 (torch's CPU kernel takes any shape)."""
-    if device.type == "cuda" and (K % 16 or N % 16):
-        return f"torch._scaled_mm (cuBLAS) needs K and N multiples of 16, got K={K}, N={N}"
-    return None
-
-
-# NOTE: "fast accumulation" keeps the whole K loop in the tensor cores' reduced-precision FP8 accumulator (the FP8
-# wgmma kernel always; cuBLAS with use_fast_accum=True). Its error stays within the accuracy rule (at most 2x
-# torch._scaled_mm's default) for bf16 outputs up to K = 8192, where the output's rounding dominates, and not for fp16
-# or fp32 outputs (dev/float8/NOTES.md). It runs faster in cuBLAS (dev/matmul/wgmma/NOTES.md), so it is used where it
-# stays within the rule: "auto" offers the wgmma kernel only there, and the cublas backend asks cuBLAS for it only
-# there; backend="wgmma" runs anywhere.
-FAST_ACCUMULATION_MAX_K = 8192
-
-
-def fast_accumulation_ok(K: int, out_dtype: torch.dtype) -> bool:
-    """Whether fast FP8 accumulation stays within 2x torch._scaled_mm's default error for this K and output dtype."""
-    return out_dtype == torch.bfloat16 and K <= FAST_ACCUMULATION_MAX_K
-
-
-def wgmma_float8_takes(a: torch.Tensor) -> bool:
-    """The native FP8 kernel's operand rule: K a positive multiple of 16 (TMA copies rows of 16-byte multiples)."""
-    return a.shape[1] > 0 and a.shape[1] % 16 == 0
-
-
 def _untimed_float8(candidates: tuple[str, ...]) -> str:
-    """The choice without timing (``tuning.TUNE`` False, small problems, inside a capture): cuBLAS, the measured
-    baseline, where it takes the problem; else the native kernel; else Triton."""
-    return next(name for name in ("cublas", "wgmma", "triton") if name in candidates)
+    """The choice without timing (``tuning.TUNE`` False, small problems, inside a capture): the first of
+    :data:`~ampkernels.matmul.backends.FLOAT8_UNTIMED_ORDER` among ``candidates`` (cuBLAS, the measured baseline,
+    where it takes the problem; else the native kernel; else Triton)."""
+    return next(name for name in _backends.FLOAT8_UNTIMED_ORDER if name in candidates)
 
 
 def float8_auto_backend(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out):
     """The backend ``"auto"`` runs for this float8 problem (arguments as :func:`launch_float8` takes them): the
     faster of wgmma and cuBLAS where they take it (Triton where neither does), timed on the first call of each
     signature above ``AUTO_MIN_MACS``; :func:`_untimed_float8` below it, with ``tuning.TUNE`` False, and inside a
-    CUDA graph capture."""
+    CUDA graph capture. Each candidate says whether it takes the problem
+    (:meth:`~ampkernels.matmul.backends.Float8MatmulBackend.takes`); a ``last_resort`` one (Triton) runs only where
+    no other does."""
     M, K = a.shape
     N = b.shape[1]
-    candidates = tuple(
-        name
-        for name in dispatch.auto_candidates(out.device, "scaled_matmul_float8")
-        if (name != "cublas" or cublas_refuses(K, N, out.device) is None)
-        and (name != "wgmma" or (fast_accumulation_ok(K, out.dtype) and wgmma_float8_takes(a)))
-    )
-    if len(candidates) > 1 and ("cublas" in candidates or "wgmma" in candidates):
-        # NOTE: Triton's FP8 GEMM measured the slowest backend on all six training shapes, and timing it compiles
-        # its configs, most of a Float8Linear model's first step (dev/float8/NOTES.md). It runs where neither native
-        # backend takes the problem.
-        candidates = tuple(name for name in candidates if name != "triton")
-    if len(candidates) == 1:
-        return candidates[0]
+    backend = _backends.SCALED_MATMUL_FLOAT8.backend
+    offered = [
+        candidate
+        for candidate in map(backend, dispatch.auto_candidates(out.device, "scaled_matmul_float8"))
+        if candidate.takes(a, b, out)
+    ]
+    if len(offered) > 1:
+        preferred = [candidate for candidate in offered if not candidate.last_resort]
+        if preferred:
+            offered = preferred
+    if len(offered) == 1:
+        return offered[0].name
+    candidates = tuple(candidate.name for candidate in offered)
     key = (
         out.device,
         a.dtype,
@@ -231,25 +194,8 @@ def float8_auto_backend(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, 
         scratch_out = torch.zeros_like(out)
         scratch_flag = None if found_inf is None else torch.zeros_like(found_inf)
         scratch_amax = None if amax_out is None else torch.zeros_like(amax_out)
-        runs = {
-            name: functools.partial(
-                launch_float8,
-                name,
-                a,
-                b,
-                scale_a,
-                scale_b,
-                scale,
-                scale_mode,
-                alpha,
-                bias,
-                scratch_out,
-                accumulate,
-                scratch_flag,
-                scratch_amax,
-            )  # fmt: skip
-            for name in candidates
-        }
+        args = (a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, scratch_out, accumulate, scratch_flag)
+        runs = {name: functools.partial(backend(name).launch_float8, *args, scratch_amax) for name in candidates}
         choice = _fastest(runs, key, out.device)
     if len(_AUTO) >= _MAX_CACHED:
         _AUTO.clear()
@@ -257,144 +203,19 @@ def float8_auto_backend(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, 
     return choice
 
 
-def _row_major(t: torch.Tensor) -> bool:
-    rows, cols = t.shape
-    return t.stride(1) == 1 and (t.stride(0) >= cols or rows == 1) and not t.data_ptr() % 16
-
-
-def _k_major(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """a row-major, b column-major (both "K-major"), 16-byte aligned, copied where they are not: the layout FP8
-    wgmma reads from shared memory and the only one cuBLAS's FP8 GEMM takes. The hot GEMMs of a float8 Linear come
-    in it (b = w8.t()); the others pay one copy of an operand."""
-    if not _row_major(a):
-        a = a.clone(memory_format=torch.contiguous_format)
-    if not _row_major(b.t()):
-        b = b.t().clone(memory_format=torch.contiguous_format).t()
-    return a, b
-
-
-_UNIT: dict[torch.device, torch.Tensor] = {}
-
-
-def _unit(device: torch.device) -> torch.Tensor:
-    """A cached float32 1.0 on ``device`` (torch._scaled_mm's scale when none is given)."""
-    one = _UNIT.get(device)
-    if one is None:
-        one = torch.ones((), dtype=torch.float32, device=device)
-        # NOTE: not kept when made inside a CUDA graph capture: the fill only runs at replay, and an eager call
-        # before that would read unwritten memory.
-        if not capturing():
-            _UNIT[device] = one
-    return one
-
-
-def _record_stored(out: torch.Tensor, found_inf: torch.Tensor | None, amax_out: torch.Tensor | None) -> None:
-    """found_inf and amax_out of ``out`` as stored, in torch ops (the backends whose epilogue lacks them); the same
-    ops as :func:`ampkernels.reference.scaled_matmul_float8`."""
-    if out.numel() == 0:
-        return
-    if found_inf is not None:
-        bad = torch.isfinite(out).all().logical_not()
-        found_inf.copy_(torch.where(bad, torch.ones_like(found_inf), found_inf))
-    if amax_out is not None:
-        amax_out.copy_(torch.maximum(amax_out, out.float().abs().amax().reshape(amax_out.shape)))
-
-
-def _reference_scale(scale, scale_mode, alpha):
-    """The normalized scale as the references take it (a per-row scale as a column)."""
-    if scale_mode == SCALE_ROW:
-        return scale[:, None]
-    if scale_mode in (SCALE_TENSOR, SCALE_COL):
-        return scale
-    return None if alpha == 1.0 else alpha
-
-
-def _cublas_float8(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate) -> None:
-    """``torch._scaled_mm`` (a row-major, b column-major, copied so if needed). It writes ``out`` itself when the
-    call is only ``(a @ b) * scale_a * scale_b (+ bias)`` in a form cuBLAS takes (per-row/column factors need a
-    bfloat16 output; a bias of the output's 16-bit dtype); otherwise it returns the fp32 product and the epilogue
-    follows in torch ops, as the reference computes it."""
-    M, N = a.shape[0], b.shape[1]
-    a, b = _k_major(a, b)
-    vector = any(f is not None and f.numel() > 1 for f in (scale_a, scale_b))
-    direct = (
-        scale_mode == SCALE_NONE
-        and alpha == 1.0
-        and not accumulate
-        and (out.dtype == torch.bfloat16 or not vector)
-        and (bias is None or (bias.dtype == out.dtype and out.dtype != torch.float32))
-    )
-    one = _unit(out.device)
-    fast = fast_accumulation_ok(a.shape[1], out.dtype)
-    if direct:
-        sa = one if scale_a is None else scale_a
-        sb = one if scale_b is None else scale_b
-        if vector:  # cuBLAS's rowwise mode takes both factors as vectors: [M, 1] and [1, N]
-            sa = sa.reshape(-1, 1).expand(M, 1).contiguous() if sa.numel() == 1 else sa.reshape(M, 1)
-            sb = sb.reshape(1, -1).expand(1, N).contiguous() if sb.numel() == 1 else sb.reshape(1, N)
-        else:
-            sa, sb = sa.reshape(()), sb.reshape(())
-        torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out.dtype, out=out, use_fast_accum=fast)
-        return
-    v = torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=fast)
-    if scale_a is not None:
-        v = v * scale_a.reshape(-1, 1)
-    if scale_b is not None:
-        v = v * scale_b.reshape(1, -1)
-    ref_scale = _reference_scale(scale, scale_mode, alpha)
-    if ref_scale is not None:
-        v = v * ref_scale
-    if bias is not None:
-        v = v + bias.float()
-    if accumulate:
-        v = out.float() + v
-    out.copy_(v)
-
-
 def launch_float8(
-    backend, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
+    backend: str, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
 ) -> None:
     """``out (+)= alpha * scale * ((a @ b) * scale_a * scale_b) + bias``, then found_inf and ``amax_out = max(amax_out,
-    max |out|)``, on normalized 2-D arguments (see the ``ampkernels::scaled_mm_fp8_`` schema). ``a``/``b`` float8,
-    or 16-bit with ``scale_a``/``scale_b`` None (a call with ``amax_out``: the Triton epilogue records it, the other
-    backends after their launch in torch ops)."""
-    M, K = a.shape
-    N = b.shape[1]
-    if M == 0 or N == 0:
-        return
-    if a.dtype not in FLOAT8_DTYPES:
-        if backend == "auto" and K > 0:
-            backend = auto_backend(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
-        if backend == "triton" and K > 0:
-            dispatch.triton_module("scaled_matmul").scaled_mm_(
-                a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out=amax_out
-            )
-        else:
-            launch(backend, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
-            _record_stored(out, None, amax_out)
-        return
-    if backend == "auto" and K > 0:
-        backend = float8_auto_backend(
+    max |out|)``, on normalized 2-D arguments (see the ``ampkernels::scaled_mm_fp8_`` schema). ``a``/``b`` float8, on
+    the scaled_matmul_float8 backend called ``backend``, or 16-bit with ``scale_a``/``scale_b`` None, on the
+    scaled_matmul one (a call with ``amax_out``: the Triton epilogue records it, the other backends after their
+    launch in torch ops)."""
+    if a.dtype in FLOAT8_DTYPES:
+        _backends.SCALED_MATMUL_FLOAT8.backend(backend).launch_float8(
             a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
         )
-    if backend == "torch" or K == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
-        reference.scaled_matmul_float8(
-            a, b, scale_a, scale_b, _reference_scale(scale, scale_mode, alpha), bias=bias, out_dtype=out.dtype,
-            out=out, accumulate=accumulate, found_inf=found_inf, amax_out=amax_out,
-        )  # fmt: skip
-    elif backend == "triton":
-        a, b = _k_major(a, b)
-        dispatch.triton_module("scaled_matmul").scaled_mm_(
-            a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf,
-            scale_a=scale_a, scale_b=scale_b, amax_out=amax_out,
-        )  # fmt: skip
-    elif backend == "wgmma":
-        a, b = _k_major(a, b)
-        dispatch.native_op("scaled_matmul_fp8_wgmma_")(
-            a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
-        )
-    elif backend == "cublas":
-        _cublas_float8(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate)
-        _record_stored(out, found_inf, amax_out)
     else:
-        raise AssertionError(f"unknown backend {backend!r}")  # select() returns only known names
+        _backends.SCALED_MATMUL.backend(backend).launch_amax(
+            a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
+        )

@@ -112,7 +112,7 @@ def test_auto_runs_the_only_candidate(device, fresh_caches):
     for _ in range(2):
         _check(a, b, torch.tensor(0.5, device=device), backend="auto", device=device)
     if dispatch.auto_candidates(torch.device(device)) == ("triton",):
-        assert [entry.backend for entry in sm_api._CALLS.values()] == ["triton"]
+        assert [entry.backend.name for entry in sm_api._CALLS.values()] == ["triton"]
 
 
 def test_triton_capture_error_names_the_warm_up(monkeypatch, fresh_caches):

@@ -20,6 +20,7 @@ from scaled_matmul_helpers import _rel_err
 
 from ampkernels import dispatch, reference
 from ampkernels.matmul import api as sm_api
+from ampkernels.matmul import backends as sm_backends
 from ampkernels.matmul import launch as sm_dispatch
 from ampkernels.matmul import tuning
 from ampkernels.scaled_matmul import scaled_matmul
@@ -437,7 +438,7 @@ def test_auto_times_once_per_signature(monkeypatch, fresh_caches):
     monkeypatch.setattr(dispatch, "auto_candidates", lambda device, op="scaled_matmul": ("triton", "wgmma", "cublas"))
     monkeypatch.setattr(sm_dispatch, "_fastest", fastest)
     monkeypatch.setattr(dispatch, "triton_interpreting", lambda: False)
-    monkeypatch.setattr(sm_dispatch, "cublas_refuses", lambda K, N, device: None if K % 16 == 0 else "odd K")
+    monkeypatch.setattr(sm_backends, "cublas_refuses", lambda K, N, device: None if K % 16 == 0 else "odd K")
     assert sm_dispatch.float8_auto_backend(*_problem(256, 256, 256)) == "cublas"  # small: untimed
     monkeypatch.setattr(sm_dispatch, "capturing", lambda: True)
     assert sm_dispatch.float8_auto_backend(*_problem(8192, 8192, 8192)) == "cublas"
