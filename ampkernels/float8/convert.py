@@ -14,6 +14,7 @@ from ampkernels.float8.linear import Float8DelayedScaling, Float8Linear, Float8R
 DELAYED_STATE_NAME = "float8_scaling"
 
 
+# (Over 80 lines: most of it is the docstring, the conversion's rules.)
 def convert_to_float8(
     model: nn.Module,
     recipe: str | Float8Recipe = "tensorwise",

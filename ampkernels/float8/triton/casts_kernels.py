@@ -311,6 +311,8 @@ def _cast_rows_kernel(
             tl.store(found_inf, 1.0)
 
 
+# (Over 80 lines: one kernel that writes a tile in both layouts from one read; the transposed store's index math
+# is most of it.)
 @triton.jit
 def _cast_tiles_kernel(
     x_ptr,

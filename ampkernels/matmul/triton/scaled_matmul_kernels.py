@@ -249,6 +249,8 @@ def _add_partials(acc, partials_ptr, flags_ptr, first, member, column, offsets, 
     return acc
 
 
+# (Over 80 lines: one persistent kernel, its tile loop, stream-K tail and fused epilogue (scale, bias, accumulate,
+# non-finite flag, amax) together, as a GEMM epilogue must be to cost no extra pass over the output.)
 @triton.jit
 def _scaled_mm_tma_kernel(
     a_desc,

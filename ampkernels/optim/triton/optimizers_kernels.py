@@ -80,6 +80,8 @@ def _ptr(lists, row, num_tensors, t, start, DTYPE: tl.constexpr, ALIGNED: tl.con
     return p + start
 
 
+# (Over 80 lines: one kernel, so the whole AdamW update of an element stays in registers; its arguments, one a
+# line, are a third of it.)
 @triton.jit(do_not_specialize=["num_tensors", "num_chunks", "lr_bits", "wd", "wd_bits", "beta2", "omb1", "omb2", "eps"])
 def _adam_kernel(
     addrs,
