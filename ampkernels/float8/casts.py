@@ -1,6 +1,7 @@
 """The FP8 casts: :func:`to_float8` and :func:`to_float8_pair` (argument checks with errors naming the argument,
 the ``torch.library`` ops ``ampkernels::to_float8`` / ``ampkernels::to_float8_pair`` with fake implementations, and
-the launch on the backend :mod:`ampkernels.dispatch` picks). Semantics: :func:`ampkernels.reference.to_float8`.
+the launch on the backend :mod:`ampkernels.dispatch` picks, a :class:`~ampkernels.float8.backends.CastBackend`).
+Semantics: :func:`ampkernels.reference.to_float8`.
 
 Backends: ``"native"`` (the op ``ampkernels::to_float8_native``, CUDA kernels in ``csrc/float8/casts.cu``; the
 default on CUDA tensors), ``"triton"`` (``ampkernels/float8/triton/casts.py``) and ``"torch"`` (the reference; the
@@ -21,6 +22,7 @@ from ampkernels.float8 import backends as _backends  # noqa: F401  (registers th
 from ampkernels.float8 import reference
 from ampkernels.float8.reference import FLOAT8_GRANULARITIES
 
+_OP = "to_float8"
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 __all__ = ["to_float8", "to_float8_pair"]
@@ -65,7 +67,7 @@ def _check_not_differentiable(fn: str, name: str, t: torch.Tensor) -> None:
 
 def _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, backend):
     """The checked call as the op takes it: (x as [M, K] detached, scale flattened to float32 contiguous, the
-    backend name)."""
+    backend chosen)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"ampkernels.{fn}: argument 'x': expected a tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
@@ -100,66 +102,12 @@ def _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, b
         if found_inf.numel() != 1:
             raise _error(fn, "found_inf", f"expected one element, got shape {_shape(found_inf)}")
         _check_not_differentiable(fn, "found_inf", found_inf)
-    name = dispatch.select("to_float8", x.device, dispatch.check_backend("to_float8", backend))
+    chosen = dispatch.choose(_OP, x.device, dispatch.check_backend(_OP, backend))
     x2 = x.detach()  # a cast is not differentiable (Float8Linear defines the gradients)
     if x2.dtype == torch.float64:  # before any backend: each then sees the same float32 tensor
         x2 = reference.saturate_to_float32(x2)
     x2 = x2 if x2.ndim == 2 else x2.reshape(M, K)
-    return x2, scale, name
-
-
-def _native(x, dtype, per_row, write_data, write_t, scale, amax_out, found_inf, amax_scratch=None):
-    """The CUDA casts (``ampkernels::to_float8_native``): (data or empty, data_t or empty, scale_inv)."""
-    return dispatch.native_op("to_float8_native").default(
-        x,
-        dtype,
-        per_row,
-        write_data,
-        write_t,
-        scale,
-        None if amax_out is None else amax_out.view(-1),
-        None if found_inf is None else found_inf.view(-1),
-        amax_scratch,
-    )
-
-
-def _launch(x, dtype, granularity, scale, amax_out, transpose, found_inf, backend):
-    if backend == "torch" or x.numel() == 0:
-        if amax_out is not None and granularity == "row":
-            # A [R] amax_out (accepted like [R, 1]) as the reference's [R, 1] amax: contiguous, so a view written
-            # through (reference.to_float8 would broadcast a [R] record against the [R, 1] amax).
-            amax_out = amax_out.view(-1, 1)
-        return reference.to_float8(
-            x, dtype, granularity, scale=scale, amax_out=amax_out, transpose=transpose, found_inf=found_inf
-        )
-    if backend == "native":
-        data, data_t, scale_inv = _native(
-            x, dtype, granularity == "row", not transpose, transpose, scale, amax_out, found_inf
-        )
-        return (data_t if transpose else data), scale_inv
-    return dispatch.triton_module("to_float8").to_float8(
-        x,
-        dtype,
-        granularity,
-        scale,
-        None if amax_out is None else amax_out.view(-1),
-        transpose,
-        None if found_inf is None else found_inf.view(-1),
-    )
-
-
-def _launch_pair(x, dtype, scale, amax_out, found_inf, backend):
-    if backend == "torch" or x.numel() == 0:
-        return reference.to_float8_pair(x, dtype, scale=scale, amax_out=amax_out, found_inf=found_inf)
-    if backend == "native":
-        return _native(x, dtype, False, True, True, scale, amax_out, found_inf)
-    return dispatch.triton_module("to_float8").to_float8_pair(
-        x,
-        dtype,
-        scale,
-        None if amax_out is None else amax_out.view(-1),
-        None if found_inf is None else found_inf.view(-1),
-    )
+    return x2, scale, chosen
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -179,7 +127,7 @@ def _to_float8_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (data [M, K] or [K, M], scale_inv: 0-d or [R, 1]); may update amax_out and set found_inf."""
-    return _launch(x, dtype, granularity, scale, amax_out, transpose, found_inf, backend)
+    return dispatch.backend(_OP, backend).to_float8(x, dtype, granularity, scale, amax_out, transpose, found_inf)
 
 
 @_to_float8_op.register_fake
@@ -200,7 +148,7 @@ def _to_float8_pair_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] -> (data [M, K], data_t [K, M], scale_inv 0-d); may update amax_out and set found_inf."""
-    return _launch_pair(x, dtype, scale, amax_out, found_inf, backend)
+    return dispatch.backend(_OP, backend).to_float8_pair(x, dtype, scale, amax_out, found_inf)
 
 
 @_to_float8_pair_op.register_fake
@@ -298,14 +246,14 @@ def to_float8(
     rules of :func:`ampkernels.reference.to_float8`.
     """
     fn = "to_float8"
-    x2, scale, name = _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, backend)
+    x2, scale, chosen = _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, backend)
     if plain_eager(x2, scale, amax_out, found_inf):
         # NOTE: the custom-op dispatcher costs tens of us of host time per call (as much as the cast of a 4096^2
         # tensor); plain eager tensors need none of what it does (see ampkernels/matmul/api.py).
-        result = _launch(x2, dtype, granularity, scale, amax_out, transpose, found_inf, name)
+        result = chosen.to_float8(x2, dtype, granularity, scale, amax_out, transpose, found_inf)
         _bump(amax_out, found_inf)
         return result
-    return torch.ops.ampkernels.to_float8(x2, dtype, granularity, scale, amax_out, transpose, found_inf, name)
+    return torch.ops.ampkernels.to_float8(x2, dtype, granularity, scale, amax_out, transpose, found_inf, chosen.name)
 
 
 def cast_with_produced_amax(
@@ -315,18 +263,10 @@ def cast_with_produced_amax(
     its amax in ``amax_scratch``: ``(data, data_t or None, scale_inv)`` equal, bit for bit, to :func:`to_float8_pair`
     (``pair``) or :func:`to_float8`, without their amax pass. None where that does not apply (the reference backend,
     a traced call): the caller casts as usual."""
-    backend = dispatch.select("to_float8", x.device)
-    if backend == "torch" or not plain_eager(x):
+    chosen = dispatch.choose(_OP, x.device)
+    if not plain_eager(x):
         return None
-    x = x.detach()
-    if backend == "native":
-        data, data_t, scale_inv = _native(x, dtype, False, True, pair, None, None, None, amax_scratch)
-        return data, (data_t if pair else None), scale_inv
-    kernels = dispatch.triton_module("to_float8")
-    if pair:
-        return kernels.to_float8_pair(x, dtype, None, None, None, amax_scratch)
-    data, scale_inv = kernels.to_float8(x, dtype, "tensor", None, None, False, None, amax_scratch)
-    return data, None, scale_inv
+    return chosen.cast_with_produced_amax(x, dtype, amax_scratch, pair)
 
 
 def to_float8_pair(
@@ -344,9 +284,9 @@ def to_float8_pair(
     fn = "to_float8_pair"
     if isinstance(x, torch.Tensor) and x.ndim < 2:
         raise _error(fn, "x", f"expected at least 2 dimensions [..., M, K], got {_shape(x)}")
-    x2, scale, name = _checked(fn, x, dtype, "tensor", scale, amax_out, False, found_inf, backend)
+    x2, scale, chosen = _checked(fn, x, dtype, "tensor", scale, amax_out, False, found_inf, backend)
     if plain_eager(x2, scale, amax_out, found_inf):
-        result = _launch_pair(x2, dtype, scale, amax_out, found_inf, name)
+        result = chosen.to_float8_pair(x2, dtype, scale, amax_out, found_inf)
         _bump(amax_out, found_inf)
         return result
-    return torch.ops.ampkernels.to_float8_pair(x2, dtype, scale, amax_out, found_inf, name)
+    return torch.ops.ampkernels.to_float8_pair(x2, dtype, scale, amax_out, found_inf, chosen.name)

@@ -10,8 +10,9 @@ mode; the result is the same either way, bit for bit.
 
 Ops (``torch.library``, with fake implementations): ``ampkernels::rms_norm``, ``ampkernels::rms_norm_backward``,
 ``ampkernels::silu_mul``, ``ampkernels::silu_mul_backward``, ``ampkernels::rotary``. Backends (op ``"float8_fused"`` of
-:mod:`ampkernels.dispatch`): ``"triton"`` (the default on CUDA tensors) and ``"torch"`` (the reference's math, the
-default on CPU tensors). Semantics: :func:`ampkernels.reference.rms_norm`, :func:`~ampkernels.reference.silu_mul`,
+:mod:`ampkernels.dispatch`, each a :class:`~ampkernels.float8.backends.FusedBackend`): ``"triton"`` (the default on
+CUDA tensors) and ``"torch"`` (the reference's math, the default on CPU tensors). Semantics:
+:func:`ampkernels.reference.rms_norm`, :func:`~ampkernels.reference.silu_mul`,
 :func:`~ampkernels.reference.rotary_embedding`.
 """
 
@@ -33,8 +34,6 @@ __all__ = ["RMSNorm", "produced_amax", "rms_norm", "rotary_embedding", "silu_mul
 
 _OP = "float8_fused"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-#: Rows longer than this run on the reference's math (a Triton program holds a whole row).
-MAX_TRITON_ROW = 16384
 
 
 def _error(fn: str, argument: str, message: str) -> ValueError:
@@ -97,51 +96,9 @@ def _new_scratch(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros(3, dtype=torch.int32, device=like.device)
 
 
-def _record_torch(out: torch.Tensor, scratch: torch.Tensor | None) -> None:
-    """The reference's record of the finite amax and the non-finite flag (what the kernels' atomics compute)."""
-    if scratch is None:
-        return
-    a = out.detach().float().abs()
-    finite = torch.isfinite(a)
-    amax = torch.where(finite, a, torch.zeros_like(a)).amax() if a.numel() else a.new_zeros(())
-    scratch[0:1].view(torch.float32).copy_(torch.maximum(scratch[0:1].view(torch.float32), amax.reshape(1)))
-    scratch[1:2].copy_(torch.where(finite.all(), scratch[1:2], torch.ones_like(scratch[1:2])))
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # RMSNorm
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def _rms_norm_torch(x, weight, eps, scratch):
-    xf = x.float()
-    rstd = torch.rsqrt(xf.square().mean(-1) + eps)
-    out = (xf * rstd[:, None]).to(x.dtype) * weight
-    _record_torch(out, scratch)
-    return out, rstd
-
-
-def _rms_norm_backward_torch(grad, x, weight, rstd):
-    xf, g = x.float(), grad.float()
-    normed = (xf * rstd[:, None]).to(x.dtype).float()
-    grad_weight = (g * normed).sum(0).to(weight.dtype)
-    gn = g * weight.float()
-    dot = (gn * xf).sum(-1, keepdim=True)
-    grad_x = rstd[:, None] * gn - (rstd**3 / x.shape[-1])[:, None] * dot * xf
-    return grad_x.to(x.dtype), grad_weight
-
-
-def _launch_rms_norm(x, weight, eps, scratch, backend):
-    if backend == "torch" or x.shape[-1] > MAX_TRITON_ROW:
-        return _rms_norm_torch(x, weight, eps, scratch)
-    out_dtype = torch.promote_types(x.dtype, weight.dtype)
-    return dispatch.triton_module(_OP).rms_norm(x, weight, eps, out_dtype, scratch)
-
-
-def _launch_rms_norm_backward(grad, x, weight, rstd, backend):
-    if backend == "torch" or x.shape[-1] > MAX_TRITON_ROW:
-        return _rms_norm_backward_torch(grad, x, weight, rstd)
-    return dispatch.triton_module(_OP).rms_norm_backward(grad, x, weight, rstd)
 
 
 @torch.library.custom_op("ampkernels::rms_norm", mutates_args=("scratch",))
@@ -149,7 +106,7 @@ def _rms_norm_op(
     x: torch.Tensor, weight: torch.Tensor, eps: float, scratch: torch.Tensor | None, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, D] contiguous, weight [D] -> (out [M, D], rstd [M] float32); fills scratch with out's amax."""
-    return _launch_rms_norm(x, weight, eps, scratch, backend)
+    return dispatch.backend(_OP, backend).rms_norm(x, weight, eps, scratch)
 
 
 @_rms_norm_op.register_fake
@@ -163,7 +120,7 @@ def _rms_norm_backward_op(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (grad_x like x, grad_weight like weight)."""
-    return _launch_rms_norm_backward(grad, x, weight, rstd, backend)
+    return dispatch.backend(_OP, backend).rms_norm_backward(grad, x, weight, rstd)
 
 
 @_rms_norm_backward_op.register_fake
@@ -178,9 +135,9 @@ class _RMSNormFunction(torch.autograd.Function):
         x2 = x.reshape(-1, shape[-1]).contiguous()
         w = weight.detach().contiguous()  # (the kernels read the weight as a dense [D] vector)
         if plain_eager(x2, scratch):
-            out, rstd = _launch_rms_norm(x2, w, eps, scratch, backend)
+            out, rstd = backend.rms_norm(x2, w, eps, scratch)
         else:
-            out, rstd = torch.ops.ampkernels.rms_norm(x2, w, eps, scratch, backend)
+            out, rstd = torch.ops.ampkernels.rms_norm(x2, w, eps, scratch, backend.name)
         ctx.save_for_backward(x2, w, rstd)
         ctx.shape, ctx.backend = shape, backend
         return out.view(shape)
@@ -191,9 +148,9 @@ class _RMSNormFunction(torch.autograd.Function):
         x2, w, rstd = ctx.saved_tensors
         g = grad.reshape(x2.shape).contiguous()
         if plain_eager(g, x2):
-            grad_x, grad_w = _launch_rms_norm_backward(g, x2, w, rstd, ctx.backend)
+            grad_x, grad_w = ctx.backend.rms_norm_backward(g, x2, w, rstd)
         else:
-            grad_x, grad_w = torch.ops.ampkernels.rms_norm_backward(g, x2, w, rstd, ctx.backend)
+            grad_x, grad_w = torch.ops.ampkernels.rms_norm_backward(g, x2, w, rstd, ctx.backend.name)
         need_x, need_w = ctx.needs_input_grad[:2]
         return (grad_x.view(ctx.shape) if need_x else None), (grad_w if need_w else None), None, None, None
 
@@ -223,12 +180,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *, backen
         raise _error(fn, "weight", f"expected a tensor on {x.device} (like x), got one on {weight.device}")
     if not isinstance(eps, (int, float)) or not eps >= 0 or math.isinf(eps):
         raise _error(fn, "eps", f"expected a finite float >= 0, got {eps!r}")
-    name = dispatch.select(_OP, x.device, dispatch.check_backend(_OP, backend))
+    chosen = dispatch.choose(_OP, x.device, dispatch.check_backend(_OP, backend))
     if x.numel() == 0:
         return reference.rms_norm(x, weight, eps)
-    record = name == "triton" and plain_eager(x) and not torch.compiler.is_compiling()
+    record = chosen.records_amax and plain_eager(x) and not torch.compiler.is_compiling()
     scratch = _new_scratch(x) if record else None
-    out = _RMSNormFunction.apply(x, weight, float(eps), scratch, name)
+    out = _RMSNormFunction.apply(x, weight, float(eps), scratch, chosen)
     if scratch is not None:
         _PRODUCED.put(out, scratch)
     return out
@@ -261,33 +218,10 @@ class RMSNorm(nn.Module):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _silu_mul_backward_torch(grad, gate, up):
-    g, gf, uf = grad.float(), gate.float(), up.float()
-    s = torch.sigmoid(gf)
-    grad_up = g * gf * s
-    grad_gate = g * uf * s * (1.0 + gf * (1.0 - s))
-    return grad_gate.to(gate.dtype), grad_up.to(up.dtype)
-
-
-def _launch_silu_mul(gate, up, scratch, backend):
-    if backend == "torch":
-        out = reference.silu_mul(gate, up)
-        _record_torch(out, scratch)
-        return out
-    out_dtype = torch.promote_types(gate.dtype, up.dtype)
-    return dispatch.triton_module(_OP).silu_mul(gate, up, out_dtype, scratch)
-
-
-def _launch_silu_mul_backward(grad, gate, up, backend):
-    if backend == "torch":
-        return _silu_mul_backward_torch(grad, gate, up)
-    return dispatch.triton_module(_OP).silu_mul_backward(grad, gate, up)
-
-
 @torch.library.custom_op("ampkernels::silu_mul", mutates_args=("scratch",))
 def _silu_mul_op(gate: torch.Tensor, up: torch.Tensor, scratch: torch.Tensor | None, backend: str) -> torch.Tensor:
     """gate, up contiguous, one shape -> silu(gate) * up; fills scratch with its amax."""
-    return _launch_silu_mul(gate, up, scratch, backend)
+    return dispatch.backend(_OP, backend).silu_mul(gate, up, scratch)
 
 
 @_silu_mul_op.register_fake
@@ -300,7 +234,7 @@ def _silu_mul_backward_op(
     grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (grad_gate like gate, grad_up like up)."""
-    return _launch_silu_mul_backward(grad, gate, up, backend)
+    return dispatch.backend(_OP, backend).silu_mul_backward(grad, gate, up)
 
 
 @_silu_mul_backward_op.register_fake
@@ -313,9 +247,9 @@ class _SiluMulFunction(torch.autograd.Function):
     def forward(ctx, gate, up, scratch, backend):
         g, u = gate.contiguous(), up.contiguous()
         if plain_eager(g, u, scratch):
-            out = _launch_silu_mul(g, u, scratch, backend)
+            out = backend.silu_mul(g, u, scratch)
         else:
-            out = torch.ops.ampkernels.silu_mul(g, u, scratch, backend)
+            out = torch.ops.ampkernels.silu_mul(g, u, scratch, backend.name)
         ctx.save_for_backward(g, u)
         ctx.backend = backend
         return out
@@ -326,9 +260,9 @@ class _SiluMulFunction(torch.autograd.Function):
         g, u = ctx.saved_tensors
         grad = grad.contiguous()
         if plain_eager(grad, g, u):
-            grad_gate, grad_up = _launch_silu_mul_backward(grad, g, u, ctx.backend)
+            grad_gate, grad_up = ctx.backend.silu_mul_backward(grad, g, u)
         else:
-            grad_gate, grad_up = torch.ops.ampkernels.silu_mul_backward(grad, g, u, ctx.backend)
+            grad_gate, grad_up = torch.ops.ampkernels.silu_mul_backward(grad, g, u, ctx.backend.name)
         need_gate, need_up = ctx.needs_input_grad[:2]
         return (grad_gate if need_gate else None), (grad_up if need_up else None), None, None
 
@@ -352,12 +286,12 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None
         raise _error(fn, "up", f"expected gate's shape {list(gate.shape)}, got {list(up.shape)} (no broadcasting)")
     if up.device != gate.device:
         raise _error(fn, "up", f"expected a tensor on {gate.device} (like gate), got one on {up.device}")
-    name = dispatch.select(_OP, gate.device, dispatch.check_backend(_OP, backend))
+    chosen = dispatch.choose(_OP, gate.device, dispatch.check_backend(_OP, backend))
     if gate.numel() == 0:
         return reference.silu_mul(gate, up)
-    record = name == "triton" and plain_eager(gate, up) and not torch.compiler.is_compiling()
+    record = chosen.records_amax and plain_eager(gate, up) and not torch.compiler.is_compiling()
     scratch = _new_scratch(gate) if record else None
-    out = _SiluMulFunction.apply(gate, up, scratch, name)
+    out = _SiluMulFunction.apply(gate, up, scratch, chosen)
     if scratch is not None:
         _PRODUCED.put(out, scratch)
     return out
@@ -387,23 +321,10 @@ def _tables(positions: int, half: int, base: float, device: torch.device) -> tup
     return tables
 
 
-def _rotary_torch(x, cos, sin, inverse):
-    half = x.shape[-1] // 2
-    s = -sin if inverse else sin
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat((x1 * cos - x2 * s, x1 * s + x2 * cos), dim=-1).to(x.dtype)
-
-
-def _launch_rotary(x, cos, sin, inverse, backend):
-    if backend == "torch":
-        return _rotary_torch(x, cos, sin, inverse)
-    return dispatch.triton_module(_OP).rotary(x, cos, sin, inverse)
-
-
 @torch.library.custom_op("ampkernels::rotary", mutates_args=())
 def _rotary_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool, backend: str) -> torch.Tensor:
     """x [B, H, T, D] rotated by the float32 tables [T, D / 2] (``inverse``: by minus the angles)."""
-    return _launch_rotary(x, cos, sin, inverse, backend)
+    return dispatch.backend(_OP, backend).rotary(x, cos, sin, inverse)
 
 
 @_rotary_op.register_fake
@@ -413,8 +334,8 @@ def _(x, cos, sin, inverse, backend):
 
 def _rotate(x, cos, sin, inverse, backend):
     if plain_eager(x):
-        return _launch_rotary(x, cos, sin, inverse, backend)
-    return torch.ops.ampkernels.rotary(x, cos, sin, inverse, backend)
+        return backend.rotary(x, cos, sin, inverse)
+    return torch.ops.ampkernels.rotary(x, cos, sin, inverse, backend.name)
 
 
 class _RotaryFunction(torch.autograd.Function):
@@ -449,7 +370,7 @@ def rotary_embedding(x: torch.Tensor, base: float = 10000.0, *, backend: str | N
         raise _error(fn, "x", f"expected [..., T, D] with D even, got shape {list(x.shape)}")
     if not isinstance(base, (int, float)) or not base > 0 or math.isinf(base):
         raise _error(fn, "base", f"expected a finite float > 0, got {base!r}")
-    name = dispatch.select(_OP, x.device, dispatch.check_backend(_OP, backend))
+    chosen = dispatch.choose(_OP, x.device, dispatch.check_backend(_OP, backend))
     if x.numel() == 0:
         return reference.rotary_embedding(x, base)
     shape = x.shape
@@ -458,4 +379,4 @@ def rotary_embedding(x: torch.Tensor, base: float = 10000.0, *, backend: str | N
         x if x.ndim == 4 else (x.reshape(-1, shape[-3], T, D) if x.ndim > 4 else x.reshape((1,) * (4 - x.ndim) + shape))
     )
     cos, sin = _tables(T, D // 2, float(base), x.device)
-    return _RotaryFunction.apply(x4, cos, sin, name).view(shape)
+    return _RotaryFunction.apply(x4, cos, sin, chosen).view(shape)

@@ -25,8 +25,7 @@ import torch
 from ampkernels import dispatch
 from ampkernels._autograd import first_order
 from ampkernels._runtime import capturing
-from ampkernels.loss import backends as _backends  # noqa: F401  (registers the ops' backends)
-from ampkernels.loss import reference
+from ampkernels.loss import backends as _backends  # (registers the ops' backends)
 
 __all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
 
@@ -66,31 +65,8 @@ def _accumulate_weight_grad(grad_weight: torch.Tensor, grad_logits: torch.Tensor
     return torch.addmm(grad_weight, grad_logits.t(), hidden, out_dtype=torch.float32)  # 16-bit operands
 
 
-def _losses_and_grad_logits(
-    backend: str,
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    token_weight: torch.Tensor | None,
-    losses: torch.Tensor,
-    options: tuple[int, float, float],
-) -> torch.Tensor | None:
-    """One chunk's losses into ``losses`` and, with ``token_weight``, the gradient of the logits (float32 from the
-    torch backend; from Triton's, the logits' own buffer and dtype, overwritten)."""
-    ignore_index, label_smoothing, z_loss = options
-    if backend == "triton":
-        dispatch.triton_module(_OP).cross_entropy_chunk_(
-            logits, target, token_weight, losses, ignore_index, label_smoothing, z_loss
-        )
-        return logits if token_weight is not None else None
-    chunk_losses, grad = reference.cross_entropy_chunk(
-        logits, target, token_weight, ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss
-    )
-    losses.copy_(chunk_losses)
-    return grad
-
-
 def _chunked(
-    backend: str,
+    backend: _backends.LossBackend,
     hidden: torch.Tensor,
     weight: torch.Tensor,
     target: torch.Tensor,
@@ -107,14 +83,13 @@ def _chunked(
     grad_hidden = torch.empty_like(hidden) if grads and needs[0] else None
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads and needs[1] else None
     grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if grads and needs[2] else None
-    logit_bytes = hidden.element_size() if backend == "triton" else 4
-    step = chunk_tokens(tokens, vocab, hidden.shape[1], logit_bytes)
+    step = chunk_tokens(tokens, vocab, hidden.shape[1], backend.logit_bytes(hidden))
     for start in range(0, tokens, step):
         rows = slice(start, start + step)
         h = hidden[rows]
         logits = torch.nn.functional.linear(h, weight, bias)
-        grad_logits = _losses_and_grad_logits(
-            backend, logits, target[rows], None if token_weight is None else token_weight[rows], losses[rows], options
+        grad_logits = backend.losses_and_grad_logits(
+            logits, target[rows], None if token_weight is None else token_weight[rows], losses[rows], options
         )
         if grad_logits is None:
             continue
@@ -155,7 +130,8 @@ def _forward_op(
     if reduction != "none" and any(needs):
         token_weight = torch.ones((), dtype=torch.float32, device=hidden.device).expand(target.shape[0])
     options = (ignore_index, label_smoothing, z_loss)
-    losses, gh, gw, gb = _chunked(backend, hidden, weight, target, bias, options, token_weight, tuple(needs))
+    chosen = dispatch.backend(_OP, backend)
+    losses, gh, gw, gb = _chunked(chosen, hidden, weight, target, bias, options, token_weight, tuple(needs))
     return losses, counted, *(_empty(hidden) if g is None else g for g in (gh, gw, gb))
 
 
@@ -186,7 +162,8 @@ def _backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reduction="none": the chunks again, each token's gradient weighted by ``grad_losses`` (float32 [N])."""
     options = (ignore_index, label_smoothing, z_loss)
-    _, gh, gw, gb = _chunked(backend, hidden, weight, target, bias, options, grad_losses, tuple(needs))
+    chosen = dispatch.backend(_OP, backend)
+    _, gh, gw, gb = _chunked(chosen, hidden, weight, target, bias, options, grad_losses, tuple(needs))
     return tuple(_empty(hidden) if g is None else g for g in (gh, gw, gb))
 
 

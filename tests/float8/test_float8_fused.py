@@ -100,8 +100,9 @@ def test_rms_norm_matches_the_reference_within_torchs_error(dtypes, shape, backe
 
 @needs_triton
 def test_rms_norm_rows_too_long_for_a_program_take_the_reference_math(monkeypatch):
-    """Rows longer than MAX_TRITON_ROW run on the torch math, and still record the amax for the next layer."""
-    monkeypatch.setattr(fused_module, "MAX_TRITON_ROW", 64)
+    """Rows longer than the Triton backend's max_row run on the torch math, and still record the amax for the next
+    layer."""
+    monkeypatch.setattr(dispatch.backend("float8_fused", "triton"), "max_row", 64)
     x, w, g = _norm_inputs((8, 96), torch.float32, torch.float32)
     ours = _forward_backward(lambda a, b: rms_norm(a, b, backend="triton"), x, w, g)
     for a, b in zip(ours, _forward_backward(lambda a, b: rms_norm(a, b, backend="torch"), x, w, g)):

@@ -14,7 +14,7 @@ Bytes per call (the floor ``benchmarks/float8_fused.py`` measures against):
 
 Arguments arrive checked (:mod:`ampkernels.float8.fused`) with at least one element: contiguous, except rotary's x
 (any strides, viewed as [B, H, T, D]); norm rows of at most
-``ampkernels.float8.fused.MAX_TRITON_ROW`` elements (a program holds a row). ``scratch`` is None or the zeroed int32
+``ampkernels.float8.backends.MAX_TRITON_ROW`` elements (a program holds a row). ``scratch`` is None or the zeroed int32
 [3] buffer of a tensorwise cast's scratch (``float8_casts._Scratch``).
 """
 
