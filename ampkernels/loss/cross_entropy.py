@@ -38,12 +38,15 @@ CHUNK_BYTES = 256 * 2**20
 # At most this share of the logits per chunk (a smaller head than CHUNK_BYTES' size): a chunk's float32 logits and
 # their 16-bit copy for the gradient GEMMs stay well under one whole copy of the logits in any dtype.
 MIN_CHUNKS = 8
+# The 2 x hidden lower bound stops here. NOTE: at hidden 4096 and a 128k vocab, 4096-token chunks measured as fast as
+# 8192-token ones with less peak memory, 2048-token ones 10% slower (dev/loss/NOTES.md, chunk probe).
+MAX_GRADIENT_BOUND = 4096
 
 
 def chunk_tokens(tokens: int, vocab: int, hidden: int, logit_bytes: int = 4) -> int:
     """Tokens per chunk, a multiple of 64: as many as fit ``CHUNK_BYTES`` of logits at ``logit_bytes`` each (the
     torch backend's float32 copy: 4; the Triton backend works on the GEMM's 16-bit output: 2), an eighth of them at
-    most, and at least 2 x hidden.
+    most, and at least 2 x hidden (up to :data:`MAX_GRADIENT_BOUND`).
 
     Each chunk adds its product into the float32 weight gradient, reading and writing all V x H of it; with chunks
     of at least 2H tokens that traffic stays below the chunk's own logits traffic (a 128k vocab at hidden 4096 has
@@ -51,7 +54,7 @@ def chunk_tokens(tokens: int, vocab: int, hidden: int, logit_bytes: int = 4) -> 
     """
     budget = min(CHUNK_BYTES, logit_bytes * tokens * vocab // MIN_CHUNKS)
     by_bytes = budget // (logit_bytes * max(vocab, 1)) // 64 * 64
-    fit = max(by_bytes, -(-2 * hidden // 64) * 64, 64)
+    fit = max(by_bytes, min(-(-2 * hidden // 64) * 64, MAX_GRADIENT_BOUND), 64)
     return min(tokens, fit) if tokens else 0
 
 

@@ -93,7 +93,8 @@ def test_chunk_size_rule():
     assert lce_module.chunk_tokens(100, 32000, 2048) == 100  # fewer tokens than a chunk: one chunk
     by_bytes = lce_module.chunk_tokens(16384, 32000, 512)
     assert by_bytes % 64 == 0 and by_bytes * 32000 * 4 <= lce_module.CHUNK_BYTES < (by_bytes + 64) * 32000 * 4
-    assert lce_module.chunk_tokens(16384, 128256, 4096) == 8192  # at least 2 x hidden (weight-gradient traffic)
+    assert lce_module.chunk_tokens(16384, 128256, 2048) == 4096  # at least 2 x hidden (weight-gradient traffic)
+    assert lce_module.chunk_tokens(16384, 128256, 4096) == 4096  # up to MAX_GRADIENT_BOUND
     assert lce_module.chunk_tokens(8192, 32000, 512) == 1024  # an eighth of a head smaller than CHUNK_BYTES x 8
     assert lce_module.chunk_tokens(16384, 10**9, 8) == 64  # at least 64 tokens, whatever the vocabulary
 
