@@ -21,7 +21,7 @@ length, P parameters), at rates measured in the same run on the stack's own shap
 * idle / launch gaps: the step's wall time less the kernels' sum; 0 at the floor.
 
 The byte floors are at the copy bandwidth the runner measured. A category's kernels are told apart by name
-(:func:`category`); ``other_kernels`` lists the largest unclassified ones, so that a renamed kernel shows.
+(:func:`category`); ``kernels`` lists each category's largest, so that a kernel in the wrong one shows.
 """
 
 from __future__ import annotations
@@ -95,9 +95,10 @@ def measure_rates(config: dict, batch: tuple[int, int], device: torch.device) ->
         torch.randn(dim, vocab, device=device, dtype=torch.bfloat16),
     )
     bf16_ms = _time(lambda: torch.mm(*bf16), 10)
+    # [B, heads, S, head_dim] views of [B, S, heads, head_dim] tensors, as the stack's attention hands SDPA
+    shape = (batch[0], batch[1], heads, dim // heads)
     q, k, v = (
-        torch.randn(batch[0], heads, batch[1], dim // heads, device=device, dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
+        torch.randn(shape, device=device, dtype=torch.bfloat16).transpose(1, 2).requires_grad_() for _ in range(3)
     )
     grad = torch.randn_like(q)
 
@@ -136,15 +137,15 @@ def floors(config: dict, batch: tuple[int, int], params: int, rates: dict, copy_
     return out
 
 
-def _profile(step, inputs, device: torch.device) -> tuple[dict[str, float], list[tuple[str, float]]]:
-    """(ms per step by category, the largest "other" kernels) over :data:`PROFILED_STEPS` steps."""
+def _profile(step, inputs, device: torch.device) -> tuple[dict[str, float], dict[str, list[tuple[str, float]]]]:
+    """(ms per step by category, each category's largest kernels) over :data:`PROFILED_STEPS` steps."""
     activity = torch.profiler.ProfilerActivity.CUDA if device.type == "cuda" else torch.profiler.ProfilerActivity.CPU
     with torch.profiler.profile(activities=[activity]) as prof:
         for _ in range(PROFILED_STEPS):
             step(*inputs)
         synchronize(device)
     by_category = dict.fromkeys(CATEGORIES, 0.0)
-    others = []
+    kernels: dict[str, list[tuple[str, float]]] = {name: [] for name in CATEGORIES}
     for event in prof.key_averages():
         if device.type == "cuda":
             if event.device_type != torch.autograd.DeviceType.CUDA:
@@ -155,10 +156,8 @@ def _profile(step, inputs, device: torch.device) -> tuple[dict[str, float], list
         ms = us / 1e3 / PROFILED_STEPS
         kind = category(event.key)
         by_category[kind] += ms
-        if kind == "other":
-            others.append((event.key[:120], ms))
-    others.sort(key=lambda item: -item[1])
-    return by_category, others[:8]
+        kernels[kind].append((event.key[:120], ms))
+    return by_category, {name: sorted(found, key=lambda item: -item[1])[:6] for name, found in kernels.items()}
 
 
 def run_profile(ctx: RunContext, config: dict, batch: tuple[int, int]) -> dict[str, Any]:
@@ -181,7 +180,7 @@ def run_profile(ctx: RunContext, config: dict, batch: tuple[int, int]) -> dict[s
             step(*inputs)
         synchronize(ctx.device)
         wall_ms = (time.perf_counter() - start) * 1e3 / TIMED_STEPS
-        by_category, others = _profile(step, inputs, ctx.device)
+        by_category, kernels = _profile(step, inputs, ctx.device)
         params = sum(p.numel() for p in model.parameters())
         row = {
             "key": variant["key"],
@@ -189,7 +188,7 @@ def run_profile(ctx: RunContext, config: dict, batch: tuple[int, int]) -> dict[s
             "wall_ms": wall_ms,
             "ms": by_category,
             "idle_ms": max(wall_ms - sum(by_category.values()), 0.0),
-            "other_kernels": others,
+            "kernels": kernels,
             "params": params,
         }
         if on_gpu:
@@ -239,6 +238,9 @@ def report_profile(section: dict[str, Any]) -> str:
             + "\n"
             + format_table(["category", "ms", "of step", "floor ms", "x floor", "above floor"], rows, "lrrrrr")
         )
+        for name in ("FP8 GEMMs", "bf16 GEMMs", "other"):
+            for kernel, ms in r["kernels"][name][:3]:
+                parts.append(f"  {name}: {ms:6.2f} ms  {kernel[:100]}")
     rates = section.get("rates")
     if rates:
         parts.append(
