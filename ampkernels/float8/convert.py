@@ -54,6 +54,10 @@ def convert_to_float8(
     non-persistent buffer of the model) becomes ``model.float8_scaling`` and a forward pre-hook updates the scales
     before each forward in training mode with grad enabled; a model that has one already is refused before any
     layer is swapped (convert its delayed layers in one call).
+
+    The norms and activations between the layers stay as they are: :func:`~ampkernels.float8.fuse_modules` (its
+    companion, called before or after) puts a stock model's RMSNorms and gated MLPs on the fused producers, whose
+    outputs' amax the converted layers' casts then reuse.
     """
     recipe = Float8Recipe.named(recipe, **recipe_options)
     _check_all_gather(fsdp_float8_all_gather, recipe)

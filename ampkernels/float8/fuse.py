@@ -1,0 +1,180 @@
+"""``fuse_modules``: put a model built from stock modules on the fused producers of :mod:`ampkernels.float8`
+(RMSNorm, SiLU·up) where the module's computation is provably the same, in place, with a report of what changed.
+
+A module is changed by giving it a subclass of its own class whose ``forward`` calls the fused kernel: parameters,
+buffers, hooks, ``state_dict`` keys, ``isinstance`` and ``repr`` stay as they were, so checkpoints, optimizers built
+before the call and FSDP2 wrapping keep working. What is proved, per pattern:
+
+* ``torch.nn.RMSNorm`` with a weight over the last dimension: ``F.rms_norm`` multiplies by the weight before it
+  rounds to the input's dtype, the fused norm after, so the fused kernel runs only on float32 inputs and weights (the
+  residual stream of a model trained under autocast), where the two orders are the same; other inputs take stock's
+  code.
+* Hugging Face RMSNorms (Llama, Mistral, Qwen2, Qwen3 and any class whose ``forward`` is Llama's, character for
+  character): ``weight * (x.float() * rsqrt(mean(x.float()²) + eps)).to(x.dtype)``, which is
+  :func:`ampkernels.float8.rms_norm`'s definition for every dtype.
+* Hugging Face gated MLPs (``LlamaMLP`` and any class whose ``forward`` is its, with a SiLU ``act_fn``):
+  ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with :func:`ampkernels.float8.silu_mul` (SiLU·up in float32,
+  rounded once where stock rounds twice).
+
+Left, and reported: rotary embeddings of Hugging Face models (the attention's forward applies them with a function,
+``apply_rotary_pos_emb``, from position ids and the model's RoPE scaling: no module computes them), RMSNorms with
+another formula (Gemma's ``1 + weight``) or without a weight, MLPs with another activation.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ampkernels.float8.fused import rms_norm, silu_mul
+
+
+@dataclass
+class FuseReport:
+    """What :func:`fuse_modules` changed (``swapped``: name, class) and what it left (``left``: name, class, why)."""
+
+    swapped: list[tuple[str, str]] = field(default_factory=list)
+    left: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"fuse_modules: {len(self.swapped)} module(s) on the fused kernels, {len(self.left)} left"]
+        lines += [f"  fused: {name} ({cls})" for name, cls in self.swapped]
+        lines += [f"  left:  {name} ({cls}): {why}" for name, cls, why in self.left]
+        return "\n".join(lines)
+
+
+def _torch_rms_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
+    weight = self.weight
+    if x.dtype == torch.float32 and weight is not None and weight.dtype == torch.float32:
+        eps = self.eps if self.eps is not None else torch.finfo(torch.float32).eps
+        return rms_norm(x, weight, eps)
+    return nn.RMSNorm.forward(self, x)  # the multiply-then-round order of F.rms_norm: stock's code
+
+
+def _hf_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def _hf_gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+_FORWARDS = {
+    "torch_rms_norm": _torch_rms_norm_forward,
+    "hf_rms_norm": _hf_rms_norm_forward,
+    "hf_gated_mlp": _hf_gated_mlp_forward,
+}
+_FUSED_CLASSES: dict[tuple[type, str], type] = {}
+_PREFIX = "_Fused__"
+_DOT = "_DOT_"  # a dot of the base class's module or qualname, in the fused class's name
+
+
+def _fused_class(cls: type, kind: str) -> type:
+    """``cls`` with the fused forward ``kind`` (one subclass per class, reused). It is named in this module after its
+    base and kind, and :func:`__getattr__` rebuilds it from that name, so ``torch.save`` of a whole model loads in
+    another process."""
+    fused = _FUSED_CLASSES.get((cls, kind))
+    if fused is None:
+        qualname = f"{_PREFIX}{kind}__{cls.__module__}__{cls.__qualname__}".replace(".", _DOT)
+        fused = type(cls.__name__, (cls,), {"forward": _FORWARDS[kind], "_ampkernels_fused": cls})
+        fused.__module__, fused.__qualname__ = __name__, qualname
+        _FUSED_CLASSES[(cls, kind)] = fused
+    return fused
+
+
+def __getattr__(name: str) -> type:
+    """The fused class a pickle names (``_Fused__<kind>__<module>__<class>``, their dots as ``_DOT_``)."""
+    if not name.startswith(_PREFIX):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    kind, _, rest = name[len(_PREFIX) :].replace(_DOT, ".").partition("__")
+    module_path, _, qualname = rest.rpartition("__")
+    import importlib
+
+    cls = importlib.import_module(module_path)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    return _fused_class(cls, kind)
+
+
+def _source(fn) -> str | None:
+    try:
+        return inspect.getsource(fn).strip()
+    except (OSError, TypeError):
+        return None
+
+
+def _hf_sources() -> tuple[str | None, str | None]:
+    """The source of Hugging Face Llama's RMSNorm and MLP ``forward`` (None without transformers)."""
+    try:
+        from transformers.models.llama import modeling_llama
+    except ImportError:
+        return None, None
+    return _source(modeling_llama.LlamaRMSNorm.forward), _source(modeling_llama.LlamaMLP.forward)
+
+
+def _is_silu(module) -> bool:
+    if isinstance(module, nn.SiLU):
+        return True
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:
+        return False
+    return type(module) is SiLUActivation
+
+
+def _judge(module: nn.Module, hf_norm: str | None, hf_mlp: str | None) -> tuple[str | None, str | None]:
+    """(the fused forward's kind for ``module``, None) or (None, why it is left); (None, None): not a pattern at all."""
+    cls = type(module)
+    name = cls.__name__
+    if getattr(cls, "_ampkernels_fused", None) is not None:
+        return None, None  # fused already
+    if isinstance(module, nn.RMSNorm):
+        if module.weight is None:
+            return None, "no weight (elementwise_affine=False)"
+        if len(module.normalized_shape) != 1:
+            return None, f"normalizes over {len(module.normalized_shape)} dimensions; the fused norm over the last"
+        return "torch_rms_norm", None
+    if name.endswith("RMSNorm"):
+        if hf_norm is not None and _source(cls.forward) == hf_norm:
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, torch.Tensor) and weight.ndim == 1:
+                return "hf_rms_norm", None
+            return None, "its weight is not one vector"
+        return None, "its forward is not Llama's RMSNorm (e.g. Gemma's 1 + weight): not provably the fused norm"
+    if name.endswith("MLP") and all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        if hf_mlp is None or _source(cls.forward) != hf_mlp:
+            return None, "its forward is not Llama's gated MLP"
+        if not _is_silu(module.act_fn):
+            return None, f"its activation is {type(module.act_fn).__name__}, the fused kernel is SiLU·up"
+        return "hf_gated_mlp", None
+    if "Rotary" in name:
+        return None, (
+            "computes the cos/sin tables only: the attention's forward applies them with a function "
+            "(apply_rotary_pos_emb) from position ids and the model's RoPE scaling, so there is no module to swap"
+        )
+    return None, None
+
+
+def fuse_modules(model: nn.Module) -> FuseReport:
+    """Puts ``model``'s stock RMSNorms and gated MLPs on ampkernels' fused kernels in place (module docstring: which,
+    and why each is the same computation) and returns what it changed and what it left. Call it before or after
+    :func:`~ampkernels.float8.convert_to_float8` (the fused kernels record the amax that the following Float8Linear's
+    cast reuses); calling it twice changes nothing more."""
+    hf_norm, hf_mlp = _hf_sources()
+    report = FuseReport()
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        kind, why = _judge(module, hf_norm, hf_mlp)
+        label = name or "(the model)"
+        if kind is not None:
+            module.__class__ = _fused_class(type(module), kind)
+            report.swapped.append((label, type(module).__name__))
+        elif why is not None:
+            report.left.append((label, type(module).__name__, why))
+    return report
