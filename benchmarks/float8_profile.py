@@ -21,7 +21,8 @@ length, P parameters), at rates measured in the same run on the stack's own shap
 * idle / launch gaps: the step's wall time less the kernels' sum; 0 at the floor.
 
 The byte floors are at the copy bandwidth the runner measured. A category's kernels are told apart by name
-(:func:`category`); ``kernels`` lists each category's largest, so that a kernel in the wrong one shows.
+(:func:`category`), the FP8 GEMMs by the op that launched them in the eager step (:func:`fp8_gemm_kernels`);
+``kernels`` lists each category's largest, so that a kernel in the wrong one shows.
 """
 
 from __future__ import annotations
@@ -60,10 +61,28 @@ _PATTERNS = (
 )
 
 
-def category(kernel: str) -> str:
-    """The category of a kernel (or, on the CPU, an op) by its name."""
+#: The ops whose kernels are FP8 GEMMs: cuBLAS names its FP8 GEMM kernels as it likes, so the eager profile learns
+#: their names from the op that launched them (:func:`fp8_gemm_kernels`), and the graphed replay reuses them.
+FP8_GEMM_OPS = ("aten::_scaled_mm", "ampkernels::scaled_matmul_fp8_wgmma_", "ampkernels::scaled_mm_fp8_")
+
+
+def category(kernel: str, fp8_gemms: frozenset[str] = frozenset()) -> str:
+    """The category of a kernel (or, on the CPU, an op) by its name; ``fp8_gemms``: kernels known to be FP8 GEMMs."""
+    if kernel in fp8_gemms:
+        return "FP8 GEMMs"
     name = kernel.lower()
     return next((cat for cat, fragments in _PATTERNS if any(f in name for f in fragments)), "other")
+
+
+def fp8_gemm_kernels(events) -> set[str]:
+    """The names of the device kernels that the ops of :data:`FP8_GEMM_OPS` launched, in profiler ``events``
+    (``prof.events()`` of a profile with CPU and CUDA activities: each op lists the kernels it launched)."""
+    return {
+        kernel.name
+        for event in events
+        if any(op in event.name for op in FP8_GEMM_OPS)
+        for kernel in getattr(event, "kernels", ())
+    }
 
 
 def _time(fn, repeats: int) -> float:
@@ -137,13 +156,18 @@ def floors(config: dict, batch: tuple[int, int], params: int, rates: dict, copy_
     return out
 
 
-def _profile(step, inputs, device: torch.device) -> tuple[dict[str, float], dict[str, list[tuple[str, float]]]]:
-    """(ms per step by category, each category's largest kernels) over :data:`PROFILED_STEPS` steps."""
-    activity = torch.profiler.ProfilerActivity.CUDA if device.type == "cuda" else torch.profiler.ProfilerActivity.CPU
-    with torch.profiler.profile(activities=[activity]) as prof:
+def _profile(step, inputs, device: torch.device, fp8_gemms: set[str]) -> tuple[dict, dict]:
+    """(ms per step by category, each category's largest kernels) over :data:`PROFILED_STEPS` steps; adds the FP8
+    GEMM kernels it finds launched by their ops to ``fp8_gemms``."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
         for _ in range(PROFILED_STEPS):
             step(*inputs)
         synchronize(device)
+    fp8_gemms |= fp8_gemm_kernels(prof.events())
+    known = frozenset(fp8_gemms)
     by_category = dict.fromkeys(CATEGORIES, 0.0)
     kernels: dict[str, list[tuple[str, float]]] = {name: [] for name in CATEGORIES}
     for event in prof.key_averages():
@@ -154,7 +178,7 @@ def _profile(step, inputs, device: torch.device) -> tuple[dict[str, float], dict
         else:
             us = event.self_cpu_time_total
         ms = us / 1e3 / PROFILED_STEPS
-        kind = category(event.key)
+        kind = category(event.key, known)
         by_category[kind] += ms
         kernels[kind].append((event.key[:120], ms))
     return by_category, {name: sorted(found, key=lambda item: -item[1])[:6] for name, found in kernels.items()}
@@ -167,6 +191,7 @@ def run_profile(ctx: RunContext, config: dict, batch: tuple[int, int]) -> dict[s
     on_gpu = ctx.device.type == "cuda"
     variants = [v for v in _stack_variants(ctx) if v["key"] in VARIANT_KEYS]
     section: dict[str, Any] = {"config": config, "batch": list(batch), "rows": []}
+    fp8_gemms: set[str] = set()  # learnt from the eager step (first), read for the graphed one
     if on_gpu:
         section["rates"] = measure_rates(config, batch, ctx.device)
     for variant in variants:
@@ -180,7 +205,7 @@ def run_profile(ctx: RunContext, config: dict, batch: tuple[int, int]) -> dict[s
             step(*inputs)
         synchronize(ctx.device)
         wall_ms = (time.perf_counter() - start) * 1e3 / TIMED_STEPS
-        by_category, kernels = _profile(step, inputs, ctx.device)
+        by_category, kernels = _profile(step, inputs, ctx.device, fp8_gemms)
         params = sum(p.numel() for p in model.parameters())
         row = {
             "key": variant["key"],

@@ -40,3 +40,19 @@ def test_floors_count_the_stacks_flops_and_bytes():
     assert floors["optimizer"] == pytest.approx(28e9 / 2e12 * 1e3)  # 28 B per parameter
     assert floors["loss"] == pytest.approx(6 * T * V / 2e12 * 1e3)
     assert set(floors) == set(float8_profile.CATEGORIES) - {"other"}
+
+
+def test_fp8_gemm_kernels_are_learnt_from_the_op_that_launched_them():
+    from types import SimpleNamespace as Event
+
+    kernel = Event  # (name=...)
+    events = [
+        Event(name="aten::_scaled_mm", kernels=[kernel(name="nvjet_sm90_tst_256x128_cublas_fp8")]),
+        Event(name="ampkernels::scaled_matmul_fp8_wgmma_", kernels=[kernel(name="scaled_matmul_fp8_wgmma_kernel")]),
+        Event(name="aten::mm", kernels=[kernel(name="nvjet_sm90_tst_256x128_cublas_bf16")]),
+        Event(name="aten::add_", kernels=[]),
+    ]
+    learnt = float8_profile.fp8_gemm_kernels(events)
+    assert learnt == {"nvjet_sm90_tst_256x128_cublas_fp8", "scaled_matmul_fp8_wgmma_kernel"}
+    assert float8_profile.category("nvjet_sm90_tst_256x128_cublas_fp8", frozenset(learnt)) == "FP8 GEMMs"
+    assert float8_profile.category("nvjet_sm90_tst_256x128_cublas_bf16", frozenset(learnt)) == "bf16 GEMMs"
