@@ -18,8 +18,10 @@ Sections (``python -m benchmarks --only float8``):
   ampkernels bf16 and FP8 per recipe, eager and captured whole in a CUDA graph (``ampkernels.capture_step``;
   FusedAdamW; the model's RMSNorms, RoPE and SiLU-up on ``ampkernels.float8``'s fused kernels), the same with the
   head and its loss as ``ampkernels.linear_cross_entropy`` (bf16, and FP8 tensorwise eager and graphed: the head
-  itself runs bf16 there), and torchao's float8 training compiled when torchao is installed. Per step: ms, peak
-  memory, first-step time.
+  itself runs bf16 there), and torchao's float8 training compiled when torchao is installed. With ``--full``
+  (and transformers installed) also a Hugging Face ``LlamaForCausalLM`` built from the same config, from stock
+  modules: stock bf16 eager, torchao compiled, and ampkernels' FP8 with ``fuse_modules``, eager and compiled, each
+  against the HF model's stock bf16 eager. Per step: ms, peak memory, first-step time.
 
 After its timed loops every section checks what it timed (the casts bit for bit against the reference, the fused
 producers and the GEMMs against float64 within twice torch's error, each ampkernels stack row's losses within 1% of
@@ -139,12 +141,62 @@ def _stack_variants(ctx: RunContext) -> list[dict[str, Any]]:
                     stock=True,
                 )
             )
+    if ctx.full and _package_version("transformers") is not None:
+        rows += _hf_llama_variants(on_gpu)
     for row in rows:
-        for flag in ("compiled", "graphed", "stock", "fused_loss"):
+        for flag in ("compiled", "graphed", "stock", "fused_loss", "hf", "fuse"):
             row.setdefault(flag, False)
         row.setdefault("fp8", None)
         row.setdefault("torchao", None)
     return rows
+
+
+def _hf_llama_variants(on_gpu: bool) -> list[dict[str, Any]]:
+    """Hugging Face ``LlamaForCausalLM`` built from the stack's config (stock modules: its RMSNorm, gated MLP, rotary
+    and SDPA): stock bf16, torchao compiled, and ampkernels' FP8 with :func:`ampkernels.float8.fuse_modules`, eager
+    and compiled (``--full`` only; each row against the HF model's stock bf16 eager)."""
+    ours = "HF Llama: ampkernels fp8 tensorwise + fuse_modules"
+    rows = [dict(key="hf-bf16-eager", label="HF Llama: stock bf16, eager", stock=True, hf=True)]
+    if on_gpu:
+        rows.append(
+            dict(
+                key="hf-torchao-tensorwise-compiled",
+                label="HF Llama: torchao fp8 tensorwise, torch.compile",
+                torchao="tensorwise",
+                compiled=True,
+                stock=True,
+                hf=True,
+            )
+        )
+    rows.append(dict(key="hf-fp8-tensorwise-eager", label=f"{ours}, eager", fp8="tensorwise", hf=True, fuse=True))
+    if on_gpu:
+        rows.append(
+            dict(
+                key="hf-fp8-tensorwise-compiled",
+                label=f"{ours}, torch.compile",
+                fp8="tensorwise",
+                compiled=True,
+                hf=True,
+                fuse=True,
+            )
+        )
+    return rows
+
+
+def _hf_llama(config: dict, batch: tuple[int, int]):
+    import transformers
+
+    llama = transformers.LlamaConfig(
+        vocab_size=config["vocab"],
+        hidden_size=config["dim"],
+        intermediate_size=config["ffn"],
+        num_hidden_layers=config["layers"],
+        num_attention_heads=config["heads"],
+        num_key_value_heads=config.get("kv_heads", config["heads"]),
+        max_position_embeddings=max(batch[1], 2048),
+        attn_implementation="sdpa",
+    )
+    return transformers.LlamaForCausalLM(llama)
 
 
 def _build_stack_step(variant: dict, ctx: RunContext, config: dict, batch: tuple[int, int]):
@@ -155,7 +207,11 @@ def _build_stack_step(variant: dict, ctx: RunContext, config: dict, batch: tuple
 
     torch.manual_seed(0)
     with torch.device(ctx.device):  # built where it trains: 0.7 B parameters initialized on the CPU took ~10 s
-        model = LlamaStack(**config, fused=not variant["stock"])
+        model = _hf_llama(config, batch) if variant["hf"] else LlamaStack(**config, fused=not variant["stock"])
+    if variant["fuse"]:
+        from ampkernels.float8 import fuse_modules
+
+        fuse_modules(model)
     if variant["fp8"] is not None:
         # On the CPU every Linear of the tiny stack is below convert_to_float8's size rule: min_features=0 converts
         # them all anyway, so that the smoke run takes the FP8 path (and its loss check means something).
@@ -185,6 +241,7 @@ def _build_stack_step(variant: dict, ctx: RunContext, config: dict, batch: tuple
                 loss = ampkernels.linear_cross_entropy(hidden, model.head.weight, targets.flatten())
             else:
                 logits = forward(tokens)
+                logits = logits.logits if variant["hf"] else logits
         if not variant["fused_loss"]:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         loss.backward()
@@ -242,9 +299,9 @@ def _time_stack_variant(variant: dict, ctx: RunContext, config: dict, batch) -> 
 LOSS_TOLERANCE = 0.01
 LOSS_CHECK_NOTE = (
     "check, after the timed steps (ampkernels rows): the loss of the first step and of the last step of every timed "
-    "loop within 1% of stock bf16 eager's at the same step (all variants train the same initial weights on the same "
-    "batch), as tests/float8/test_float8_training.py requires of every FP8 recipe; the other rows' largest gap is "
-    "recorded"
+    "loop within 1% of its model's stock bf16 eager's at the same step (all variants of a model train the same "
+    "initial weights on the same batch), as tests/float8/test_float8_training.py requires of every FP8 recipe; the "
+    "other rows' largest gap is recorded"
 )
 
 
@@ -269,6 +326,9 @@ def _check_losses(row: dict[str, Any], base: dict[str, Any]) -> None:
     row["check"] = None if row["stock"] else check_result(problems)
 
 
+_BASES = {False: "bf16-eager", True: "hf-bf16-eager"}
+
+
 def _stack_section(ctx: RunContext) -> dict[str, Any]:
     on_gpu = ctx.device.type == "cuda"
     from benchmarks.models import LLAMA_STACK
@@ -290,8 +350,10 @@ def _stack_section(ctx: RunContext) -> dict[str, Any]:
             )
         else:
             ctx.progress.write(f"float8 stack: {row['label']}: skipped ({row.get('skipped')})")
-    base = next((r for r in rows if r["key"] == "bf16-eager" and "ms" in r), None)
-    for row in rows:
+    # Each row against its model's stock bf16 eager (the benchmark's stack, or the Hugging Face model).
+    bases = {hf: next((r for r in rows if r["key"] == key and "ms" in r), None) for hf, key in _BASES.items()}
+    for row, variant in zip(rows, variants, strict=True):
+        base = bases[variant["hf"]]
         if base is not None and "ms" in row:
             row["speedup_over_bf16_eager"] = base["ms"] / row["ms"]
             _check_losses(row, base)
@@ -532,6 +594,11 @@ def summary(document: dict[str, Any]) -> list[str]:
                 f"Llama stack {r['label'].removeprefix('ampkernels ')}: {r['ms']:.1f} ms/step, "
                 f"{base['ms'] / r['ms']:.2f}x stock bf16 eager ({base['ms']:.1f} ms){memory}"
             )
+    hf_compiled = stack.get("hf-torchao-tensorwise-compiled")
+    for key in ("hf-fp8-tensorwise-eager", "hf-fp8-tensorwise-compiled"):
+        if hf_compiled and key in stack:
+            r = stack[key]
+            lines.append(f"{r['label']} vs torchao compiled: {hf_compiled['ms'] / r['ms']:.2f}x")
     compiled = stack.get("torchao-tensorwise-compiled")
     if compiled and "fp8-tensorwise-eager" in stack:
         ours = stack["fp8-tensorwise-eager"]
