@@ -106,3 +106,17 @@ def plain_eager(*tensors) -> bool:
     ):
         return False
     return all(t is None or type(t) is torch.Tensor for t in tensors)
+
+
+def eager_or_op(launch, op, args: tuple, backend: str, mutated: tuple = ()):
+    """An op's call, with its plain-eager fast path in one place: ``launch(*args)`` (the backend's method) directly
+    when :func:`plain_eager` holds for the tensor arguments, bumping the version counters of ``mutated`` as the op's
+    ADInplaceOrView kernel would; else ``op(*args, backend)`` through the dispatcher (``torch.library`` ops take the
+    backend's name last), for tracing, compiling, modes and tensor subclasses."""
+    if plain_eager(*(a for a in args if a is None or isinstance(a, torch.Tensor))):
+        result = launch(*args)
+        for t in mutated:
+            if t is not None:
+                torch.autograd.graph.increment_version(t)
+        return result
+    return op(*args, backend)

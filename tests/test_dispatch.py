@@ -481,3 +481,47 @@ def test_no_code_outside_dispatch_compares_backend_names():
             if pattern.search(line):
                 found.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The plain-eager fast path, in one helper
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_eager_or_op_launches_directly_on_plain_tensors_and_bumps_what_it_writes():
+    from ampkernels._runtime import eager_or_op
+
+    calls = []
+    out, flag = torch.zeros(3), torch.zeros(1)
+    versions = out._version, flag._version
+    result = eager_or_op(
+        lambda x, scale, o, f: calls.append("direct") or "launched",
+        lambda *args: calls.append(("op", args[-1])),
+        (torch.ones(3), 2.0, out, flag),
+        "triton",
+        (out, None, flag),
+    )
+    assert result == "launched" and calls == ["direct"]
+    assert (out._version, flag._version) == (versions[0] + 1, versions[1] + 1)
+
+
+def test_eager_or_op_goes_through_the_op_when_something_must_see_it():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ampkernels._runtime import eager_or_op
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Subclass(torch.Tensor):
+        pass
+
+    def through_op(*args):
+        return ("op", args[-1])
+
+    x = torch.ones(2)
+    with Watch():  # a mode: the dispatcher must see the op
+        assert eager_or_op(lambda x: "direct", through_op, (x,), "torch") == ("op", "torch")
+    assert eager_or_op(lambda x: "direct", through_op, (x.as_subclass(Subclass),), "torch") == ("op", "torch")
+    assert eager_or_op(lambda x, n: "direct", through_op, (x, None), "torch") == "direct"

@@ -17,7 +17,7 @@ import torch
 from ampkernels import dispatch
 from ampkernels._constants import FLOAT8_DTYPES
 from ampkernels._native_fakes import check, native_fake
-from ampkernels._runtime import plain_eager
+from ampkernels._runtime import eager_or_op, plain_eager
 from ampkernels.float8 import backends as _backends  # noqa: F401  (registers the ops' backends)
 from ampkernels.float8 import reference
 from ampkernels.float8.reference import FLOAT8_GRANULARITIES
@@ -197,13 +197,6 @@ def _to_float8_native_fake(x, dtype, per_row, write_data, write_t, scale, amax_o
     return data, data_t, scale_inv
 
 
-def _bump(*mutated) -> None:
-    # What the op's ADInplaceOrView kernel would have done for the tensors it writes.
-    for t in mutated:
-        if t is not None:
-            torch.autograd.graph.increment_version(t)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Public functions
 # --------------------------------------------------------------------------------------------------------------------
@@ -247,13 +240,8 @@ def to_float8(
     """
     fn = "to_float8"
     x2, scale, chosen = _checked(fn, x, dtype, granularity, scale, amax_out, transpose, found_inf, backend)
-    if plain_eager(x2, scale, amax_out, found_inf):
-        # NOTE: the custom-op dispatcher costs tens of us of host time per call (as much as the cast of a 4096^2
-        # tensor); plain eager tensors need none of what it does (see ampkernels/matmul/api.py).
-        result = chosen.to_float8(x2, dtype, granularity, scale, amax_out, transpose, found_inf)
-        _bump(amax_out, found_inf)
-        return result
-    return torch.ops.ampkernels.to_float8(x2, dtype, granularity, scale, amax_out, transpose, found_inf, chosen.name)
+    args = (x2, dtype, granularity, scale, amax_out, transpose, found_inf)
+    return eager_or_op(chosen.to_float8, torch.ops.ampkernels.to_float8, args, chosen.name, (amax_out, found_inf))
 
 
 def cast_with_produced_amax(
@@ -285,8 +273,6 @@ def to_float8_pair(
     if isinstance(x, torch.Tensor) and x.ndim < 2:
         raise _error(fn, "x", f"expected at least 2 dimensions [..., M, K], got {_shape(x)}")
     x2, scale, chosen = _checked(fn, x, dtype, "tensor", scale, amax_out, False, found_inf, backend)
-    if plain_eager(x2, scale, amax_out, found_inf):
-        result = chosen.to_float8_pair(x2, dtype, scale, amax_out, found_inf)
-        _bump(amax_out, found_inf)
-        return result
-    return torch.ops.ampkernels.to_float8_pair(x2, dtype, scale, amax_out, found_inf, chosen.name)
+    args = (x2, dtype, scale, amax_out, found_inf)
+    op = torch.ops.ampkernels.to_float8_pair
+    return eager_or_op(chosen.to_float8_pair, op, args, chosen.name, (amax_out, found_inf))

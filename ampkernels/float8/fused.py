@@ -26,7 +26,7 @@ from torch import nn
 
 from ampkernels import dispatch
 from ampkernels._autograd import first_order
-from ampkernels._runtime import capturing, plain_eager
+from ampkernels._runtime import capturing, eager_or_op, plain_eager
 from ampkernels.float8 import backends as _backends  # noqa: F401  (registers the ops' backends)
 from ampkernels.float8 import reference
 
@@ -134,10 +134,8 @@ class _RMSNormFunction(torch.autograd.Function):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
         w = weight.detach().contiguous()  # (the kernels read the weight as a dense [D] vector)
-        if plain_eager(x2, scratch):
-            out, rstd = backend.rms_norm(x2, w, eps, scratch)
-        else:
-            out, rstd = torch.ops.ampkernels.rms_norm(x2, w, eps, scratch, backend.name)
+        args = (x2, w, eps, scratch)
+        out, rstd = eager_or_op(backend.rms_norm, torch.ops.ampkernels.rms_norm, args, backend.name, (scratch,))
         ctx.save_for_backward(x2, w, rstd)
         ctx.shape, ctx.backend = shape, backend
         return out.view(shape)
@@ -147,10 +145,9 @@ class _RMSNormFunction(torch.autograd.Function):
     def backward(ctx, grad):
         x2, w, rstd = ctx.saved_tensors
         g = grad.reshape(x2.shape).contiguous()
-        if plain_eager(g, x2):
-            grad_x, grad_w = ctx.backend.rms_norm_backward(g, x2, w, rstd)
-        else:
-            grad_x, grad_w = torch.ops.ampkernels.rms_norm_backward(g, x2, w, rstd, ctx.backend.name)
+        backend = ctx.backend
+        op = torch.ops.ampkernels.rms_norm_backward
+        grad_x, grad_w = eager_or_op(backend.rms_norm_backward, op, (g, x2, w, rstd), backend.name)
         need_x, need_w = ctx.needs_input_grad[:2]
         return (grad_x.view(ctx.shape) if need_x else None), (grad_w if need_w else None), None, None, None
 
@@ -246,10 +243,7 @@ class _SiluMulFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, scratch, backend):
         g, u = gate.contiguous(), up.contiguous()
-        if plain_eager(g, u, scratch):
-            out = backend.silu_mul(g, u, scratch)
-        else:
-            out = torch.ops.ampkernels.silu_mul(g, u, scratch, backend.name)
+        out = eager_or_op(backend.silu_mul, torch.ops.ampkernels.silu_mul, (g, u, scratch), backend.name, (scratch,))
         ctx.save_for_backward(g, u)
         ctx.backend = backend
         return out
@@ -259,10 +253,9 @@ class _SiluMulFunction(torch.autograd.Function):
     def backward(ctx, grad):
         g, u = ctx.saved_tensors
         grad = grad.contiguous()
-        if plain_eager(grad, g, u):
-            grad_gate, grad_up = ctx.backend.silu_mul_backward(grad, g, u)
-        else:
-            grad_gate, grad_up = torch.ops.ampkernels.silu_mul_backward(grad, g, u, ctx.backend.name)
+        backend = ctx.backend
+        op = torch.ops.ampkernels.silu_mul_backward
+        grad_gate, grad_up = eager_or_op(backend.silu_mul_backward, op, (grad, g, u), backend.name)
         need_gate, need_up = ctx.needs_input_grad[:2]
         return (grad_gate if need_gate else None), (grad_up if need_up else None), None, None
 
@@ -333,9 +326,7 @@ def _(x, cos, sin, inverse, backend):
 
 
 def _rotate(x, cos, sin, inverse, backend):
-    if plain_eager(x):
-        return backend.rotary(x, cos, sin, inverse)
-    return torch.ops.ampkernels.rotary(x, cos, sin, inverse, backend.name)
+    return eager_or_op(backend.rotary, torch.ops.ampkernels.rotary, (x, cos, sin, inverse), backend.name)
 
 
 class _RotaryFunction(torch.autograd.Function):

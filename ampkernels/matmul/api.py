@@ -16,6 +16,7 @@ Float8 operands (:func:`_scaled_matmul_float8`) have their own checks, backends 
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -24,7 +25,7 @@ import torch
 from ampkernels import dispatch
 from ampkernels._constants import FLOAT8_DTYPES, SCALE_COL, SCALE_NONE, SCALE_ROW, SCALE_TENSOR
 from ampkernels._modules import buffers_keep_dtype
-from ampkernels._runtime import capturing, plain_eager
+from ampkernels._runtime import capturing, eager_or_op, plain_eager
 from ampkernels.matmul import launch as matmul_dispatch
 from ampkernels.matmul import library as _library  # noqa: F401  (registers the torch.library ops)
 from ampkernels.matmul.launch import launch_float8
@@ -358,16 +359,10 @@ def _scaled_matmul_checked(
             if len(_CALLS) >= _MAX_CACHED:
                 _CALLS.clear()
             _CALLS[key] = entry
-    if plain_eager(a2, b, scale_t, bias, out2, found_inf):
-        # NOTE: the custom-op dispatcher costs as much host time per call as a 1024^3 matmul takes on the GPU
-        # (dev/matmul/NOTES.md); plain eager tensors need none of what it does (tracing, fake tensors), so launch
-        # directly and bump the version counters the op's ADInplaceOrView kernel would have.
-        chosen.launch(a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf)
-        torch.autograd.graph.increment_version(result)
-        if found_inf is not None:
-            torch.autograd.graph.increment_version(found_inf)
-        return result
-    torch.ops.ampkernels.scaled_mm_(a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, chosen.name)
+    # NOTE: the custom-op dispatcher costs as much host time per call as a 1024^3 matmul takes on the GPU
+    # (dev/matmul/NOTES.md): plain eager tensors launch directly (eager_or_op).
+    args = (a2, b, scale_t, mode, alpha, bias, out2, accumulate, found_inf)
+    eager_or_op(chosen.launch, torch.ops.ampkernels.scaled_mm_, args, chosen.name, (out2, found_inf))
     return result
 
 
@@ -567,15 +562,9 @@ def _launch_float8_op(name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias,
             return _launch_float8_op(
                 name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out, accumulate, found_inf, amax_out
             )
-    if plain_eager(a2, b, scale_a, scale_b, scale_t, bias, out2, found_inf, amax_out):
-        launch_float8(name, a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, amax_out)
-        for mutated in (out, found_inf, amax_out):
-            if mutated is not None:
-                torch.autograd.graph.increment_version(mutated)
-        return
-    torch.ops.ampkernels.scaled_mm_fp8_(
-        a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, amax_out, name
-    )
+    args = (a2, b, scale_a, scale_b, scale_t, mode, alpha, bias, out2, accumulate, found_inf, amax_out)
+    launch = functools.partial(launch_float8, name)
+    eager_or_op(launch, torch.ops.ampkernels.scaled_mm_fp8_, args, name, (out2, found_inf, amax_out))
 
 
 def _scaled_matmul_float8(
