@@ -114,6 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=DEFAULT_OUT, help=f"folder for the JSON and PNG files (default: ./{DEFAULT_OUT})"
     )
     parser.add_argument("--models", help="comma-separated models of the model zoo (default: a subset; all with --full)")
+    parser.add_argument("--recipes", help="comma-separated recipes of the model zoo (default: per --models / --full)")
     parser.add_argument("--no-plot", action="store_true", help="save no PNG")
     parser.add_argument(
         "--device",
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 full=args.full,
                 only=args.only,
                 models=args.models.split(",") if args.models else None,
+                recipes=args.recipes.split(",") if args.recipes else None,
             )
             results = module.run(ctx)
         document = {

@@ -26,7 +26,8 @@ A step: zero_grad, forward under autocast, backward, clip to max_norm 1.0, AdamW
   ``stock-lightning`` / ``ampkernels-lightning`` (``gpt2``): fp16 training through Hugging Face ``Trainer``,
   Accelerate and Lightning, stock against ``ampkernels.integrations`` (:mod:`benchmarks.zoo_frameworks`);
 - ``stock-trainer-bf16`` / ``ampkernels-trainer-fp8-8bit`` and the same pair for ``lightning`` (``llama-1b``):
-  everything asked for through the framework (FP8 layers, 8-bit AdamW state) against stock bf16 through it.
+  everything asked for through the framework (``fuse_modules(model, loss=True)``: fused RMSNorms, SiLU·up and the
+  fused linear + cross-entropy; FP8 layers; 8-bit AdamW state) against stock bf16 through it.
 
 Method: the two recipes compared with each other (stock and ampkernels of one precision, eager or graphed) live side
 by side and are timed alternately, repeat by repeat, so that clock and host drift fall on both alike. Every recipe of
@@ -101,6 +102,7 @@ class Recipe:
     graphed: bool = False
     float8: bool = False
     moments: str | None = None  # FusedAdamW's exp_avg_dtype / exp_avg_sq_dtype
+    fuse: bool = False  # fuse_modules(model, loss=True): fused norms, SiLU·up and the HF causal-LM loss
     baseline: str | None = None  # the stock recipe its ratio and loss are taken against
     framework: str | None = None  # trained through this framework (benchmarks.zoo_frameworks), not our loop
     models: tuple[str, ...] | None = None  # the zoo models it runs on (None: every one its options allow)
@@ -129,8 +131,8 @@ RECIPES = (
             ),
         )
     ),
-    # What a user gets by asking for everything through a framework: FP8 layers and 8-bit AdamW state, against stock
-    # bf16 through the same framework.
+    # What a user gets by asking for everything through a framework: fused norms, SiLU·up and loss, FP8 layers and
+    # 8-bit AdamW state, against stock bf16 through the same framework.
     *(
         recipe
         for fw in zoo_frameworks.EVERYTHING_FRAMEWORKS
@@ -142,6 +144,7 @@ RECIPES = (
                 torch.bfloat16,
                 float8=True,
                 moments="8bit",
+                fuse=True,
                 baseline=f"stock-{fw}-bf16",
                 framework=fw,
                 models=("llama-1b",),
@@ -324,6 +327,13 @@ def _recipes_of(name: str, ctx: RunContext) -> list[Recipe]:
         names = CPU_FULL_RECIPES if ctx.full else CPU_RECIPES
     else:
         names = [r.name for r in RECIPES] if ctx.full or ctx.models else DEFAULT_RECIPES
+    if ctx.recipes:
+        unknown = [n for n in ctx.recipes if n not in BY_NAME]
+        if unknown:
+            raise ValueError(f"--recipes: unknown {unknown}; the zoo has {', '.join(BY_NAME)}")
+        # (each with its baseline, against which its ratio and loss are taken)
+        asked = [b for n in ctx.recipes for b in (BY_NAME[n].baseline, n) if b is not None]
+        names = [n for n in names if n in asked] if ctx.cpu_small else list(dict.fromkeys(asked))
     recipes = [BY_NAME[n] for n in names]
     recipes = [r for r in recipes if not r.float8 or name in TRANSFORMERS]
     recipes = [r for r in recipes if r.models is None or name in r.models]
@@ -515,7 +525,9 @@ def _framework_rows(name: str, recipes: list[Recipe], ctx: RunContext) -> list[d
                     recipe.framework,
                     lambda: MODELS[name][0](ctx.cpu_small),
                     ctx.device,
-                    zoo_frameworks.Options(not recipe.stock, recipe.autocast, recipe.float8, recipe.moments),
+                    zoo_frameworks.Options(
+                        not recipe.stock, recipe.autocast, recipe.float8, recipe.moments, recipe.fuse
+                    ),
                 )
             )
             free_device_memory(ctx.device)

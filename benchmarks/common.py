@@ -41,6 +41,7 @@ class RunContext:
     full: bool = False  # the complete sweep (--full) rather than the default subset
     only: str | None = None  # the module --only named, if any
     models: list[str] | None = None  # the models --models named (the model zoo), if any
+    recipes: list[str] | None = None  # the recipes --recipes named (the model zoo), if any
 
     @property
     def cpu_small(self) -> bool:

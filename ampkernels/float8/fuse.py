@@ -15,6 +15,9 @@ before the call and FSDP2 wrapping keep working. What is proved, per pattern:
 * Hugging Face gated MLPs (``LlamaMLP`` and any class whose ``forward`` is its, with a SiLU ``act_fn``):
   ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with :func:`ampkernels.float8.silu_mul` (SiLU·up in float32,
   rounded once where stock rounds twice).
+* With ``loss=True``, Hugging Face ``*ForCausalLM`` models whose ``forward`` is Llama's but for its docstring: the
+  loss of a training forward with labels on :func:`ampkernels.linear_cross_entropy`
+  (:mod:`ampkernels.loss.causal_lm`), the same cross-entropy of the same 16-bit logits without forming them.
 
 Left, and reported: rotary embeddings of Hugging Face models (the attention's forward applies them with a function,
 ``apply_rotary_pos_emb``, from position ids and the model's RoPE scaling: no module computes them), RMSNorms with
@@ -23,6 +26,7 @@ another formula (Gemma's ``1 + weight``) or without a weight, MLPs with another 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -30,6 +34,8 @@ import torch
 from torch import nn
 
 from ampkernels.float8.fused import rms_norm, silu_mul
+from ampkernels.loss.causal_lm import fused_forward as _hf_causal_lm_forward
+from ampkernels.loss.causal_lm import is_llama_causal_lm_forward
 
 
 @dataclass
@@ -66,6 +72,7 @@ _FORWARDS = {
     "torch_rms_norm": _torch_rms_norm_forward,
     "hf_rms_norm": _hf_rms_norm_forward,
     "hf_gated_mlp": _hf_gated_mlp_forward,
+    "hf_causal_lm_loss": _hf_causal_lm_forward,
 }
 _FUSED_CLASSES: dict[tuple[type, str], type] = {}
 _PREFIX = "_Fused__"
@@ -79,10 +86,21 @@ def _fused_class(cls: type, kind: str) -> type:
     fused = _FUSED_CLASSES.get((cls, kind))
     if fused is None:
         qualname = f"{_PREFIX}{kind}__{cls.__module__}__{cls.__qualname__}".replace(".", _DOT)
-        fused = type(cls.__name__, (cls,), {"forward": _FORWARDS[kind], "_ampkernels_fused": cls})
+        fused = type(cls.__name__, (cls,), {"forward": _with_stock_signature(_FORWARDS[kind], cls.forward)})
+        fused._ampkernels_fused = cls
         fused.__module__, fused.__qualname__ = __name__, qualname
         _FUSED_CLASSES[(cls, kind)] = fused
     return fused
+
+
+def _with_stock_signature(forward, stock):
+    """``forward`` under ``stock``'s name, docstring and signature: frameworks read the signature (Trainer keeps the
+    dataset columns that ``forward`` names, and passes loss arguments only to a forward that takes ``**kwargs``)."""
+
+    def fused_forward(self, *args, **kwargs):
+        return forward(self, *args, **kwargs)
+
+    return functools.update_wrapper(fused_forward, stock)
 
 
 def __getattr__(name: str) -> type:
@@ -125,12 +143,19 @@ def _is_silu(module) -> bool:
     return type(module) is SiLUActivation
 
 
-def _judge(module: nn.Module, hf_norm: str | None, hf_mlp: str | None) -> tuple[str | None, str | None]:
+def _judge(module: nn.Module, hf_norm: str | None, hf_mlp: str | None, loss: bool) -> tuple[str | None, str | None]:
     """(the fused forward's kind for ``module``, None) or (None, why it is left); (None, None): not a pattern at all."""
     cls = type(module)
     name = cls.__name__
     if getattr(cls, "_ampkernels_fused", None) is not None:
         return None, None  # fused already
+    if loss and name.endswith("ForCausalLM"):
+        head = getattr(module, "lm_head", None)
+        if not isinstance(head, nn.Linear):
+            return None, "its lm_head is not an nn.Linear"
+        if not is_llama_causal_lm_forward(cls):
+            return None, "its forward is not Llama's causal-LM forward (e.g. logit soft-capping): not provably its loss"
+        return "hf_causal_lm_loss", None
     if isinstance(module, nn.RMSNorm):
         if module.weight is None:
             return None, "no weight (elementwise_affine=False)"
@@ -158,11 +183,17 @@ def _judge(module: nn.Module, hf_norm: str | None, hf_mlp: str | None) -> tuple[
     return None, None
 
 
-def fuse_modules(model: nn.Module) -> FuseReport:
+def fuse_modules(model: nn.Module, *, loss: bool = False) -> FuseReport:
     """Puts ``model``'s stock RMSNorms and gated MLPs on ampkernels' fused kernels in place (module docstring: which,
     and why each is the same computation) and returns what it changed and what it left. Call it before or after
     :func:`~ampkernels.float8.convert_to_float8` (the fused kernels record the amax that the following Float8Linear's
-    cast reuses); calling it twice changes nothing more."""
+    cast reuses); calling it twice changes nothing more.
+
+    ``loss=True`` also gives Hugging Face causal LMs whose forward is Llama's the fused linear + cross-entropy
+    (:mod:`ampkernels.loss.causal_lm`): training with labels, their forward returns the loss and ``logits=None``, and
+    the [tokens, vocab] logits are never formed. Off by default because of that ``None``."""
+    if not isinstance(loss, bool):
+        raise TypeError(f"fuse_modules: argument 'loss' must be a bool, got {type(loss).__name__}")
     hf_norm, hf_mlp = _hf_sources()
     report = FuseReport()
     seen: set[int] = set()
@@ -170,7 +201,7 @@ def fuse_modules(model: nn.Module) -> FuseReport:
         if id(module) in seen:
             continue
         seen.add(id(module))
-        kind, why = _judge(module, hf_norm, hf_mlp)
+        kind, why = _judge(module, hf_norm, hf_mlp, loss)
         label = name or "(the model)"
         if kind is not None:
             module.__class__ = _fused_class(type(module), kind)

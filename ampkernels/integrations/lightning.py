@@ -6,6 +6,7 @@ One line: hand the plugin to the Trainer (or Fabric) instead of a ``precision=``
 
     trainer = lightning.Trainer(plugins=[MixedPrecision("16-mixed")], gradient_clip_val=1.0)
     trainer = lightning.Trainer(plugins=[MixedPrecision("bf16-mixed", float8="tensorwise")])  # FP8 Linear layers
+    trainer = lightning.Trainer(plugins=[MixedPrecision("bf16-mixed", float8="tensorwise", fuse=True)])  # and more
 
     from ampkernels.integrations.lightning import FabricMixedPrecision
 
@@ -21,6 +22,9 @@ What changes against Lightning's own ``MixedPrecision`` plugins (2.6):
 - ``float8=`` converts the model's ``nn.Linear`` layers with :func:`ampkernels.float8.convert_to_float8` in the
   plugin's ``convert_module`` hook, which Lightning calls before ``configure_optimizers`` (Trainer) or in
   ``fabric.setup`` (Fabric);
+- ``fuse=True`` runs :func:`ampkernels.float8.fuse_modules` with ``loss=True`` in the same hook: stock and Hugging
+  Face RMSNorms and gated MLPs on the fused kernels, and the fused linear + cross-entropy in Hugging Face causal
+  LMs (their training forward with labels then returns ``logits=None``);
 - the Trainer plugin keeps the class name ``MixedPrecision``, under which Lightning files the plugin's state
   (the scaler's) in a checkpoint: checkpoints move between the stock plugin and this one both ways.
 
@@ -34,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ampkernels.float8 import Float8Recipe, convert_to_float8
+from ampkernels.float8 import Float8Recipe, convert_to_float8, fuse_modules
 from ampkernels.integrations._common import require
 from ampkernels.scaler.grad_scaler import FusedGradScaler
 
@@ -72,6 +76,7 @@ class _Setup:
         *,
         float8: str | Float8Recipe | None = None,
         float8_options: dict[str, Any] | None = None,
+        fuse: bool = False,
     ) -> None:
         name = type(self).__name__
         if precision not in ("16-mixed", "bf16-mixed"):
@@ -92,12 +97,17 @@ class _Setup:
             raise TypeError(f"{name}: argument 'float8_options' must be a dict, got {type(float8_options).__name__}")
         if float8 is None and float8_options:
             raise ValueError(f"{name}: argument 'float8_options' was given without 'float8'")
+        if not isinstance(fuse, bool):
+            raise TypeError(f"{name}: argument 'fuse' must be a bool, got {type(fuse).__name__}")
         self.float8 = float8
         self.float8_options = dict(float8_options or {})
+        self.fuse = fuse
         super().__init__(precision, device, scaler)
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         module = super().convert_module(module)
+        if self.fuse:
+            fuse_modules(module, loss=True)
         if self.float8 is None:
             return module
         return convert_to_float8(module, self.float8, **self.float8_options)
@@ -114,6 +124,8 @@ class MixedPrecision(_Setup, _TrainerMixedPrecision):
         float8: a :func:`ampkernels.float8.convert_to_float8` recipe (``"tensorwise"``, ``"rowwise"``,
             ``"delayed"`` or a :class:`~ampkernels.float8.Float8Recipe`): its ``nn.Linear`` layers run in FP8.
         float8_options: more ``convert_to_float8`` arguments (``module_filter``, ``min_features``, recipe fields).
+        fuse: run :func:`ampkernels.float8.fuse_modules` (``loss=True``) on the model: fused norms, SiLU·up and,
+            in Hugging Face causal LMs, the fused loss.
 
     Checkpoints: Lightning files the plugin's state under the class name, ``"MixedPrecision"``, as the stock one.
     """

@@ -120,6 +120,8 @@ def test_plugin_checks_its_arguments():
         MixedPrecision("bf16-mixed", "cpu", float8="no-such-recipe")
     with pytest.raises(ValueError, match="'float8_options'"):
         MixedPrecision("bf16-mixed", "cpu", float8_options={"min_features": 0})
+    with pytest.raises(TypeError, match="'fuse'"):
+        MixedPrecision("bf16-mixed", "cpu", fuse="yes")
 
 
 def test_same_as_stock_bit_for_bit_when_only_the_scaler_changes():
@@ -192,6 +194,38 @@ def test_float8_in_convert_module():
     plain, _ = fit(StockPrecision("bf16-mixed", "cpu"), "fused", model=fp8_net(), data=data)
     assert ours.losses == by_hand.losses
     assert ours.losses != plain.losses  # (FP8 changes the numbers: the conversion did take effect)
+
+
+def test_fuse_in_convert_module():
+    """``fuse=True`` runs fuse_modules(loss=True) in the hook: a Hugging Face Llama inside the LightningModule gets the
+    fused norms, MLPs and loss, then the FP8 layers; the hook's result trains as the model fused by hand."""
+    transformers = pytest.importorskip("transformers")
+    from ampkernels.float8 import fuse_modules
+
+    def llama() -> torch.nn.Module:
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(
+            vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4
+        )
+        return transformers.LlamaForCausalLM(config)
+
+    plugin = MixedPrecision("bf16-mixed", "cpu", float8="tensorwise", float8_options={"min_features": 0}, fuse=True)
+    ours = plugin.convert_module(torch.nn.ModuleDict({"net": llama()}))["net"]
+    by_hand = llama()
+    report = fuse_modules(by_hand, loss=True)
+    convert_to_float8(by_hand, min_features=0)
+    assert sorted(name for name, _ in report.swapped) == [
+        "(the model)",
+        "model.layers.0.input_layernorm",
+        "model.layers.0.mlp",
+        "model.layers.0.post_attention_layernorm",
+        "model.norm",
+    ]
+    assert [type(m).__qualname__ for m in ours.modules()] == [type(m).__qualname__ for m in by_hand.modules()]
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours_out, hand_out = ours(input_ids=ids, labels=ids), by_hand(input_ids=ids, labels=ids)
+    assert ours_out.logits is None and torch.equal(ours_out.loss, hand_out.loss)
 
 
 def test_checkpoint_moves_between_stock_and_ours(tmp_path):
