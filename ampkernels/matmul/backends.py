@@ -249,12 +249,32 @@ class _Auto(dispatch.AutoBackend):
 
 
 class _Kernel:
-    """What the 16-bit kernels share: no float32/float64 operands, their own choice, the launch for ``amax_out``."""
+    """What the 16-bit kernels share: no float32/float64 operands, their own choice, and the launches. ``launch`` and
+    ``launch_amax`` take every problem: an empty one does nothing, K == 0 runs the reference (``out (+)= bias``: not
+    worth a kernel's edge case), the others go to the backend's ``_launch`` / ``_launch_amax``."""
 
     wide_operands = False
 
+    def launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
+        if a.shape[0] == 0 or b.shape[1] == 0:
+            return
+        if a.shape[1] == 0:
+            return _reference(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+        self._launch(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+
     def launch_amax(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out) -> None:
-        self.launch(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+        if a.shape[0] == 0 or b.shape[1] == 0:
+            return
+        if a.shape[1] == 0:
+            _reference(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+            return _record_stored(out, None, amax_out)
+        self._launch_amax(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out)
+
+    def _launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
+        raise NotImplementedError
+
+    def _launch_amax(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out) -> None:
+        self._launch(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
         _record_stored(out, None, amax_out)
 
     def resolve(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> MatmulBackend:
@@ -267,21 +287,13 @@ class _Kernel:
 class Auto(_Kernel, _Auto):
     """Triton or wgmma per problem (:func:`ampkernels.matmul.launch.auto_backend`)."""
 
-    def launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
-        if a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
-            return _reference(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
-        self.resolve(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf).launch(
+    def _launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
+        self.resolve(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)._launch(
             a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf
         )
 
-    def launch_amax(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
-        if a.shape[1] == 0:
-            return super().launch_amax(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out)
-        self.resolve(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf).launch_amax(
+    def _launch_amax(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out) -> None:
+        self.resolve(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)._launch_amax(
             a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
         )
 
@@ -293,18 +305,10 @@ class Auto(_Kernel, _Auto):
 class TritonMatmul(_Kernel, dispatch.TritonBackend):
     module = _TRITON
 
-    def launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
-        if a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
-            return _reference(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+    def _launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
         self.kernels().scaled_mm_(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
 
-    def launch_amax(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
-        if a.shape[1] == 0:
-            return super().launch_amax(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out)
+    def _launch_amax(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out) -> None:
         self.kernels().scaled_mm_(
             a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out=amax_out
         )  # fmt: skip
@@ -319,11 +323,7 @@ class _NativeMatmul(_Kernel):
 
     op: str
 
-    def launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
-        if a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
-            return _reference(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
+    def _launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
         # The native ops take row- or column-major operands only.
         a = a if a.is_contiguous() or a.t().is_contiguous() else a.contiguous()
         b = b if b.is_contiguous() or b.t().is_contiguous() else b.contiguous()
@@ -378,7 +378,7 @@ class CublasRefuses16Bit(_Kernel):
         others = "/".join(b.name for b in SCALED_MATMUL.backends if b is not self)
         return f"'cublas' (torch._scaled_mm) runs float8 operands only; float16/bfloat16 operands run on {others}"
 
-    def launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
+    def _launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
         raise AssertionError(self.why_not(out.device))
 
 
@@ -386,9 +386,7 @@ class TorchMatmul(_Kernel, dispatch.TorchBackend):
     #: The reference computes float32/float64 operands in their precision.
     wide_operands = True
 
-    def launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
+    def _launch(self, a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf) -> None:
         _reference(a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf)
 
 
@@ -398,9 +396,26 @@ class TorchMatmul(_Kernel, dispatch.TorchBackend):
 
 
 class _Float8:
-    """What the float8 backends share by default: offered by "auto" for any problem, any shape taken by name."""
+    """What the float8 backends share: offered by "auto" for any problem, any shape taken by name (by default), and
+    the launch: an empty problem does nothing, K == 0 runs the reference (``out (+)= bias``: not worth a kernel's
+    edge case), the others go to the backend's ``_launch_float8``."""
 
     last_resort = False
+
+    def launch_float8(
+        self, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
+    ) -> None:
+        if a.shape[0] == 0 or b.shape[1] == 0:
+            return
+        args = (a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out)
+        if a.shape[1] == 0:
+            return _reference_float8(*args)
+        self._launch_float8(*args)
+
+    def _launch_float8(
+        self, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
+    ) -> None:
+        raise NotImplementedError
 
     def takes(self, a, b, out) -> bool:
         return True
@@ -412,15 +427,8 @@ class _Float8:
 class AutoFloat8(_Float8, _Auto):
     """The fastest of Triton, wgmma and cuBLAS per problem (:func:`ampkernels.matmul.launch.float8_auto_backend`)."""
 
-    def launch_float8(
-        self, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
-    ) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
-        args = (a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out)
-        if a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
-            return _reference_float8(*args)
-        SCALED_MATMUL_FLOAT8.backend(_launch.float8_auto_backend(*args)).launch_float8(*args)
+    def _launch_float8(self, *args) -> None:
+        SCALED_MATMUL_FLOAT8.backend(_launch.float8_auto_backend(*args))._launch_float8(*args)
 
     def takes(self, a, b, out) -> bool:
         return False  # not a candidate of its own
@@ -436,15 +444,9 @@ class TritonFloat8Matmul(_Float8, dispatch.TritonBackend):
     def why_not(self, device: torch.device) -> str | None:
         return super().why_not(device) or _float8_capable(device)
 
-    def launch_float8(
+    def _launch_float8(
         self, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
     ) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
-        if a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
-            return _reference_float8(
-                a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
-            )
         a, b = _k_major(a, b)
         self.kernels().scaled_mm_(
             a, b, scale, scale_mode, alpha, bias, out, accumulate, found_inf,
@@ -461,15 +463,9 @@ class WgmmaFloat8(_Float8):
             reason = "ampkernels._C has no scaled_matmul_fp8_wgmma_ op (built without the fp8 wgmma kernel)"
         return reason
 
-    def launch_float8(
+    def _launch_float8(
         self, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
     ) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
-        if a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
-            return _reference_float8(
-                a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
-            )
         a, b = _k_major(a, b)
         dispatch.native_op("scaled_matmul_fp8_wgmma_")(
             a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
@@ -495,15 +491,9 @@ class CublasFloat8(_Float8):
             return f"torch._scaled_mm runs CUDA (and CPU) tensors, not {device.type}"
         return _float8_capable(device)
 
-    def launch_float8(
+    def _launch_float8(
         self, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
     ) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
-        if a.shape[1] == 0:  # K == 0: out (+)= bias; not worth a kernel's edge case
-            return _reference_float8(
-                a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
-            )
         _cublas_float8(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate)
         _record_stored(out, found_inf, amax_out)
 
@@ -518,11 +508,9 @@ class CublasFloat8(_Float8):
 
 
 class TorchFloat8Matmul(_Float8, dispatch.TorchBackend):
-    def launch_float8(
+    def _launch_float8(
         self, a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out
     ) -> None:
-        if a.shape[0] == 0 or b.shape[1] == 0:
-            return
         _reference_float8(a, b, scale_a, scale_b, scale, scale_mode, alpha, bias, out, accumulate, found_inf, amax_out)
 
 
