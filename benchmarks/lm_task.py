@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from ampkernels import linear_cross_entropy
+
 DEFAULT_PROBS = (0.5, 0.25, 0.15, 0.1)
 
 
@@ -109,6 +111,7 @@ def train(
     scaler=None,
     autocast_dtype: torch.dtype | None = None,
     schedule: Callable[[int], float] | None = None,
+    fused_loss: bool = False,
 ) -> list[float]:
     """``steps`` optimizer steps of next-token cross-entropy on fresh batches of ``task``; returns each step's loss
     (float, before that step's update).
@@ -122,6 +125,8 @@ def train(
             ``scaler.step`` / ``scaler.update`` replace ``optimizer.step``.
         autocast_dtype: optional; the forward runs under ``torch.autocast(device.type, autocast_dtype)``.
         schedule: optional ``step -> factor`` on the base learning rates (e.g. :func:`warmup_cosine`).
+        fused_loss: the head and its loss as ``ampkernels.linear_cross_entropy`` on ``model.hidden_states`` and
+            ``model.head.weight`` (a :class:`benchmarks.models.LlamaStack`): no logits formed.
 
     The loss is computed in float32 from the logits. Deterministic given the seeds and the model's initial weights
     wherever the kernels are (CPU, and the GPU kernels ampkernels runs).
@@ -138,8 +143,11 @@ def train(
         inputs, targets = task.batch(batch, seq, gen, device)
         cast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else None
         with cast or contextlib.nullcontext():
-            logits = model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            if fused_loss:
+                hidden = model.hidden_states(inputs).flatten(0, 1)
+                loss = linear_cross_entropy(hidden, model.head.weight, targets.flatten())
+            else:
+                loss = F.cross_entropy(model(inputs).float().flatten(0, 1), targets.flatten())
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:
             scaler.scale(loss).backward()

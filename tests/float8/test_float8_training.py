@@ -5,7 +5,8 @@ benchmarks.lm_task (loss floor 1.208 nats, ln 128 = 4.85 at the start) under bf1
 ampkernels.FusedAdamW (lr 3e-3, 30 warm-up steps, cosine to 3e-4, batch 16 x 32 tokens). The FP8 runs convert every
 Linear (q, k, v, o, gate, up, down and the head; ``min_features=0``: the layers are far below the size where FP8
 pays, which is not what this test is about). Every run sees the same initial weights and batches; the final loss is
-the mean of the last 10 steps' losses. The issue's bar: each recipe within 1% of bf16, no NaN at any step.
+the mean of the last 10 steps' losses. The bar: each recipe within 1% of bf16, no NaN at any step. The last recipe is
+the benchmark's fastest FP8 step: tensorwise layers on the fused norms, RoPE and SiLU·up, with the head's loss fused.
 
 On a CPU the casts and products are ampkernels' torch references (the same math as the GPU kernels; the GEMMs in
 float32 there, so only the FP8 rounding differs from bf16); on a GPU, the default backends.
@@ -29,6 +30,9 @@ TASK_SEED, MODEL_SEED, DATA_SEED = 0, 0, 1
 LAST = 10
 TOLERANCE = TRAINING_LOSS_RTOL
 RECIPES = ("tensorwise", "rowwise", "delayed")
+# The FP8 stack of the benchmark's fastest step: tensorwise layers, the fused norms, RoPE and SiLU·up, and the head's
+# loss fused (ampkernels.linear_cross_entropy: no logits formed).
+EVERYTHING = "tensorwise+fused+fused loss"
 
 _RUNS: dict[tuple, dict] = {}
 
@@ -37,9 +41,9 @@ def _run(recipe: str | None, device: str) -> dict:
     key = (recipe, device)
     if key not in _RUNS:
         torch.manual_seed(MODEL_SEED)
-        model = tiny_llama(vocab=VOCAB).to(device)
+        model = tiny_llama(vocab=VOCAB, fused=recipe == EVERYTHING).to(device)
         if recipe is not None:
-            convert_to_float8(model, recipe, min_features=0)
+            convert_to_float8(model, recipe.partition("+")[0], min_features=0)
         opt = FusedAdamW(model.parameters(), lr=LR, weight_decay=0.0)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # see tests/optim/test_lowbit_training.py: one thread is faster on a loaded 2-core CPU
@@ -55,6 +59,7 @@ def _run(recipe: str | None, device: str) -> dict:
                 DATA_SEED,
                 autocast_dtype=torch.bfloat16,
                 schedule=warmup_cosine(STEPS, WARMUP),
+                fused_loss=recipe == EVERYTHING,
             )
         finally:
             torch.set_num_threads(threads)
@@ -66,7 +71,7 @@ def _run(recipe: str | None, device: str) -> dict:
     return _RUNS[key]
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", [*RECIPES, EVERYTHING])
 def test_float8_recipe_within_1_percent_of_bf16(recipe, device):
     base = _run(None, device)
     run = _run(recipe, device)
