@@ -1,5 +1,5 @@
 """``fuse_modules``: put a model built from stock modules on the fused producers of :mod:`ampkernels.float8`
-(RMSNorm, SiLU·up) where the module's computation is provably the same, in place, with a report of what changed.
+(RMSNorm, SiLU·up, RoPE) where the module's computation is provably the same, in place, with a report of what changed.
 
 A module is changed by giving it a subclass of its own class whose ``forward`` calls the fused kernel: parameters,
 buffers, hooks, ``state_dict`` keys, ``isinstance`` and ``repr`` stay as they were, so checkpoints, optimizers built
@@ -15,25 +15,33 @@ before the call and FSDP2 wrapping keep working. What is proved, per pattern:
 * Hugging Face gated MLPs (``LlamaMLP`` and any class whose ``forward`` is its, with a SiLU ``act_fn``):
   ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with :func:`ampkernels.float8.silu_mul` (SiLU·up in float32,
   rounded once where stock rounds twice).
+* Hugging Face attentions whose ``forward`` is Llama's but for its docstring, in a model whose rotary modules are all
+  Llama's (tables ``cat(angles, angles)``, any RoPE scaling folded into them), in training mode: the same code with
+  ``apply_rotary_pos_emb`` on :func:`ampkernels.float8.rotary_embedding`, given the first half of the tables, where
+  the tables are one [1, T, D] pair for the batch (as Llama's model makes them); other tables run stock's function.
+  Under autocast stock's result is float32 (the float32 tables promote it) and the attention casts it to bf16 at
+  once; the fused kernel computes in float32 and rounds to q's dtype itself.
 * With ``loss=True``, Hugging Face ``*ForCausalLM`` models whose ``forward`` is Llama's but for its docstring: the
   loss of a training forward with labels on :func:`ampkernels.linear_cross_entropy`
   (:mod:`ampkernels.loss.causal_lm`), the same cross-entropy of the same 16-bit logits without forming them.
 
-Left, and reported: rotary embeddings of Hugging Face models (the attention's forward applies them with a function,
-``apply_rotary_pos_emb``, from position ids and the model's RoPE scaling: no module computes them), RMSNorms with
-another formula (Gemma's ``1 + weight``) or without a weight, MLPs with another activation.
+Left, and reported: RMSNorms with another formula (Gemma's ``1 + weight``) or without a weight, MLPs with another
+activation, attentions with another forward (Mistral's sliding window, Qwen3's q/k norms) or whose tables come from a
+rotary module that is not Llama's.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import types
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ampkernels.float8.fused import rms_norm, silu_mul
+from ampkernels._source import code_without_docstring
+from ampkernels.float8.fused import rms_norm, rotary_embedding, silu_mul
 from ampkernels.loss.causal_lm import fused_forward as _hf_causal_lm_forward
 from ampkernels.loss.causal_lm import is_llama_causal_lm_forward
 
@@ -68,11 +76,63 @@ def _hf_gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
+def _fused_rope(stock):
+    """``apply_rotary_pos_emb(q, k, cos, sin)`` of Hugging Face on :func:`rotary_embedding` where the tables are one
+    [1, T, D] pair shared by the batch (Llama's rotary module makes them so), ``stock`` otherwise. The result has q's
+    dtype: under autocast stock's is float32 (the float32 tables promote it), which the attention casts to q's dtype
+    at once, so the values it reads are the same."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if (
+            args
+            or kwargs
+            or q.ndim != 4
+            or k.ndim != 4
+            or cos.ndim != 3
+            or cos.shape[0] != 1
+            or sin.shape != cos.shape
+            or cos.shape[1:] != q.shape[2:]
+            or k.shape[2:] != q.shape[2:]
+        ):
+            return stock(q, k, cos, sin, *args, **kwargs)
+        half = q.shape[-1] // 2
+        # (Llama's tables are cat(angles, angles): the first half holds every angle)
+        tables = (cos[0, :, :half].float(), sin[0, :, :half].float())
+        return rotary_embedding(q, tables=tables), rotary_embedding(k, tables=tables)
+
+    return apply_rotary_pos_emb
+
+
+_REBOUND: dict[type, types.FunctionType] = {}
+
+
+def _with_fused_rope(cls: type) -> types.FunctionType:
+    """``cls.forward``'s own code (under its decorators) with ``apply_rotary_pos_emb`` bound to :func:`_fused_rope`."""
+    fn = _REBOUND.get(cls)
+    if fn is None:
+        inner = inspect.unwrap(cls.forward)
+        names = dict(inner.__globals__)
+        names["apply_rotary_pos_emb"] = _fused_rope(names["apply_rotary_pos_emb"])
+        fn = types.FunctionType(inner.__code__, names, inner.__name__, inner.__defaults__, inner.__closure__)
+        fn.__kwdefaults__ = inner.__kwdefaults__
+        _REBOUND[cls] = fn
+    return fn
+
+
+def _hf_attention_forward(self, *args, **kwargs):
+    stock = self._ampkernels_fused
+    # Training only: generating, the cache keeps stock's dtype for the keys (float32 under autocast), as it would.
+    if not self.training:
+        return stock.forward(self, *args, **kwargs)
+    return _with_fused_rope(stock)(self, *args, **kwargs)
+
+
 _FORWARDS = {
     "torch_rms_norm": _torch_rms_norm_forward,
     "hf_rms_norm": _hf_rms_norm_forward,
     "hf_gated_mlp": _hf_gated_mlp_forward,
     "hf_causal_lm_loss": _hf_causal_lm_forward,
+    "hf_attention_rope": _hf_attention_forward,
 }
 _FUSED_CLASSES: dict[tuple[type, str], type] = {}
 _PREFIX = "_Fused__"
@@ -124,13 +184,40 @@ def _source(fn) -> str | None:
         return None
 
 
-def _hf_sources() -> tuple[str | None, str | None]:
-    """The source of Hugging Face Llama's RMSNorm and MLP ``forward`` (None without transformers)."""
-    try:
-        from transformers.models.llama import modeling_llama
-    except ImportError:
-        return None, None
-    return _source(modeling_llama.LlamaRMSNorm.forward), _source(modeling_llama.LlamaMLP.forward)
+@dataclass(frozen=True)
+class _Llama:
+    """Hugging Face Llama's code that a module is compared with (None without transformers): the RMSNorm's and MLP's
+    ``forward`` sources, the attention's and rotary module's ``forward`` syntax trees (docstrings aside)."""
+
+    norm: str | None = None
+    mlp: str | None = None
+    attention: str | None = None
+    rotary: str | None = None
+
+    @staticmethod
+    def load() -> _Llama:
+        try:
+            from transformers.models.llama import modeling_llama as m
+        except ImportError:
+            return _Llama()
+        return _Llama(
+            _source(m.LlamaRMSNorm.forward),
+            _source(m.LlamaMLP.forward),
+            code_without_docstring(m.LlamaAttention.forward),
+            code_without_docstring(m.LlamaRotaryEmbedding.forward),
+        )
+
+    def rotary_reason(self, model: nn.Module) -> str | None:
+        """Why the attentions of ``model`` cannot take the fused RoPE (None: they can): its rotary modules must all
+        be Llama's, whose tables are ``cat(angles, angles)``."""
+        rotary = [m for m in model.modules() if "Rotary" in type(m).__name__]
+        if not rotary:
+            return "the model has no rotary module: where its tables come from is not known"
+        for module in rotary:
+            if self.rotary is None or code_without_docstring(type(module).forward) != self.rotary:
+                name = type(module).__name__
+                return f"its rotary module ({name}) is not Llama's: its tables are not provably cat(angles, angles)"
+        return None
 
 
 def _is_silu(module) -> bool:
@@ -143,7 +230,7 @@ def _is_silu(module) -> bool:
     return type(module) is SiLUActivation
 
 
-def _judge(module: nn.Module, hf_norm: str | None, hf_mlp: str | None, loss: bool) -> tuple[str | None, str | None]:
+def _judge(module: nn.Module, llama: _Llama, rope_reason: str | None, loss: bool) -> tuple[str | None, str | None]:
     """(the fused forward's kind for ``module``, None) or (None, why it is left); (None, None): not a pattern at all."""
     cls = type(module)
     name = cls.__name__
@@ -163,23 +250,26 @@ def _judge(module: nn.Module, hf_norm: str | None, hf_mlp: str | None, loss: boo
             return None, f"normalizes over {len(module.normalized_shape)} dimensions; the fused norm over the last"
         return "torch_rms_norm", None
     if name.endswith("RMSNorm"):
-        if hf_norm is not None and _source(cls.forward) == hf_norm:
+        if llama.norm is not None and _source(cls.forward) == llama.norm:
             weight = getattr(module, "weight", None)
             if isinstance(weight, torch.Tensor) and weight.ndim == 1:
                 return "hf_rms_norm", None
             return None, "its weight is not one vector"
         return None, "its forward is not Llama's RMSNorm (e.g. Gemma's 1 + weight): not provably the fused norm"
     if name.endswith("MLP") and all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-        if hf_mlp is None or _source(cls.forward) != hf_mlp:
+        if llama.mlp is None or _source(cls.forward) != llama.mlp:
             return None, "its forward is not Llama's gated MLP"
         if not _is_silu(module.act_fn):
             return None, f"its activation is {type(module.act_fn).__name__}, the fused kernel is SiLU·up"
         return "hf_gated_mlp", None
-    if "Rotary" in name:
-        return None, (
-            "computes the cos/sin tables only: the attention's forward applies them with a function "
-            "(apply_rotary_pos_emb) from position ids and the model's RoPE scaling, so there is no module to swap"
-        )
+    if name.endswith("Attention") and hasattr(module, "q_proj"):
+        if llama.attention is None or code_without_docstring(cls.forward) != llama.attention:
+            return None, "its forward is not Llama's attention: its RoPE is not provably apply_rotary_pos_emb's"
+        if rope_reason is not None:
+            return None, rope_reason
+        return "hf_attention_rope", None
+    if "Rotary" in name and rope_reason is not None:
+        return None, f"the attentions keep stock's RoPE: {rope_reason}"
     return None, None
 
 
@@ -194,14 +284,15 @@ def fuse_modules(model: nn.Module, *, loss: bool = False) -> FuseReport:
     the [tokens, vocab] logits are never formed. Off by default because of that ``None``."""
     if not isinstance(loss, bool):
         raise TypeError(f"fuse_modules: argument 'loss' must be a bool, got {type(loss).__name__}")
-    hf_norm, hf_mlp = _hf_sources()
+    llama = _Llama.load()
+    rope_reason = llama.rotary_reason(model)
     report = FuseReport()
     seen: set[int] = set()
     for name, module in model.named_modules():
         if id(module) in seen:
             continue
         seen.add(id(module))
-        kind, why = _judge(module, hf_norm, hf_mlp, loss)
+        kind, why = _judge(module, llama, rope_reason, loss)
         label = name or "(the model)"
         if kind is not None:
             module.__class__ = _fused_class(type(module), kind)

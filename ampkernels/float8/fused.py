@@ -343,7 +343,13 @@ class _RotaryFunction(torch.autograd.Function):
         return _rotate(grad, cos, sin, True, ctx.backend), None, None, None
 
 
-def rotary_embedding(x: torch.Tensor, base: float = 10000.0, *, backend: str | None = None) -> torch.Tensor:
+def rotary_embedding(
+    x: torch.Tensor,
+    base: float = 10000.0,
+    *,
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
     """Rotary position embedding in the half-split layout of Llama's Hugging Face port, one kernel forward and one
     backward, differentiable in ``x``: the pairs ``(x[..., i], x[..., i + D/2])`` at position t (dimension -2) turn
     by the angle ``t * base ** (-i / (D/2))``, in float32 and rounded once
@@ -353,6 +359,8 @@ def rotary_embedding(x: torch.Tensor, base: float = 10000.0, *, backend: str | N
         x: [..., T, D] float32, bfloat16 or float16 with D even, any strides ([B, heads, T, head_dim] as a
             transposed view of the projection's output is read as it lies; the output has x's layout).
         base: the frequency base, a float > 0.
+        tables: the angles' (cos, sin) instead of ``base``'s: float32 [T, D / 2] each (e.g. a model's own RoPE
+            scaling), on x's device.
         backend: ``"triton"`` or ``"torch"``; default: :mod:`ampkernels.dispatch`'s choice (op ``"float8_fused"``).
     """
     fn = "rotary_embedding"
@@ -361,13 +369,25 @@ def rotary_embedding(x: torch.Tensor, base: float = 10000.0, *, backend: str | N
         raise _error(fn, "x", f"expected [..., T, D] with D even, got shape {list(x.shape)}")
     if not isinstance(base, (int, float)) or not base > 0 or math.isinf(base):
         raise _error(fn, "base", f"expected a finite float > 0, got {base!r}")
+    shape = x.shape
+    T, D = shape[-2], shape[-1]
+    if tables is not None:
+        expected = (T, D // 2)
+        if not (
+            isinstance(tables, tuple)
+            and len(tables) == 2
+            and all(isinstance(t, torch.Tensor) for t in tables)
+            and all(t.shape == expected and t.dtype == torch.float32 and t.device == x.device for t in tables)
+        ):
+            raise _error(fn, "tables", f"expected (cos, sin), float32 of shape {list(expected)} on {x.device} each")
     chosen = dispatch.choose(_OP, x.device, dispatch.check_backend(_OP, backend))
     if x.numel() == 0:
         return reference.rotary_embedding(x, base)
-    shape = x.shape
-    T, D = shape[-2], shape[-1]
     x4 = (
         x if x.ndim == 4 else (x.reshape(-1, shape[-3], T, D) if x.ndim > 4 else x.reshape((1,) * (4 - x.ndim) + shape))
     )
-    cos, sin = _tables(T, D // 2, float(base), x.device)
+    if tables is None:
+        cos, sin = _tables(T, D // 2, float(base), x.device)
+    else:
+        cos, sin = (t.contiguous() for t in tables)
     return _RotaryFunction.apply(x4, cos, sin, chosen).view(shape)

@@ -15,13 +15,12 @@ decoder call above is the stock one.
 
 from __future__ import annotations
 
-import ast
 import inspect
-import textwrap
 from typing import Any
 
 import torch
 
+from ampkernels._source import code_without_docstring
 from ampkernels.loss.cross_entropy import linear_cross_entropy
 
 __all__ = ["causal_lm_loss", "fused_forward", "is_llama_causal_lm_forward"]
@@ -73,21 +72,6 @@ def causal_lm_loss(
     return loss
 
 
-def _body_without_docstring(fn) -> str | None:
-    """The AST of ``fn``'s definition (decorators, arguments, body) without its docstring, or None."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return None
-    definition = tree.body[0]
-    if not isinstance(definition, ast.FunctionDef):
-        return None
-    body = definition.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-        body = body[1:]
-    return ast.dump(ast.Module(body=[*definition.decorator_list, definition.args, *body], type_ignores=[]))
-
-
 _LLAMA_FORWARD: list[str | None] = []  # (computed on first use: parsing needs transformers' source)
 
 
@@ -99,9 +83,9 @@ def is_llama_causal_lm_forward(cls: type) -> bool:
         except ImportError:
             _LLAMA_FORWARD.append(None)
         else:
-            _LLAMA_FORWARD.append(_body_without_docstring(LlamaForCausalLM.forward))
+            _LLAMA_FORWARD.append(code_without_docstring(LlamaForCausalLM.forward))
     llama = _LLAMA_FORWARD[0]
-    return llama is not None and _body_without_docstring(cls.forward) == llama
+    return llama is not None and code_without_docstring(cls.forward) == llama
 
 
 def _output(outputs: Any, loss: torch.Tensor) -> Any:

@@ -291,6 +291,38 @@ def test_rotary_embedding_arguments_are_checked_by_name():
         rotary_embedding(x, 0.0)
     with pytest.raises(ValueError, match="argument 'x'"):
         rotary_embedding(x.long())
+    cos, sin = torch.ones(4, 3, device=DEV), torch.zeros(4, 3, device=DEV)
+    for bad in ((cos,), (cos, sin[:3]), (cos.double(), sin), (cos, sin.bfloat16()), [cos, sin]):
+        with pytest.raises(ValueError, match="argument 'tables'"):
+            rotary_embedding(x, tables=bad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rotary_embedding_with_tables_given(backend):
+    """``tables=(cos, sin)`` (a model's own RoPE scaling): the pairs turn by those angles, within 2x torch's error."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 24, 3, 16, generator=gen).transpose(1, 2).bfloat16().to(DEV)
+    grad = torch.randn(x.shape, generator=gen).bfloat16().to(DEV)
+    angles64 = torch.rand(24, 8, generator=gen, dtype=torch.float64) * 7  # not any base's angles
+    cos64, sin64 = angles64.cos().to(DEV), angles64.sin().to(DEV)
+    tables = (cos64.float(), sin64.float())
+
+    def run(fn, dtype=None):
+        leaf = x.detach().to(dtype or x.dtype).requires_grad_()
+        out = fn(leaf)
+        out.backward(grad.to(out.dtype))
+        return out.detach(), leaf.grad
+
+    def written_out(t, cos, sin):  # Hugging Face's apply_rotary_pos_emb for one tensor, tables of t's dtype
+        half = t.shape[-1] // 2
+        cos, sin = torch.cat((cos, cos), -1).to(t.dtype), torch.cat((sin, sin), -1).to(t.dtype)
+        return t * cos + torch.cat((-t[..., half:], t[..., :half]), -1) * sin
+
+    ours = run(lambda t: rotary_embedding(t, tables=tables, backend=backend))
+    stock = run(lambda t: written_out(t, *tables))
+    exact = run(lambda t: written_out(t, cos64, sin64), torch.float64)
+    for what, a, b, e in zip(("out", "grad_x"), ours, stock, exact):
+        _check_error(a, b, e, what, _bound(torch.bfloat16))
 
 
 # --------------------------------------------------------------------------------------------------------------------

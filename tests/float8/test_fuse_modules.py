@@ -43,13 +43,15 @@ def _loss_and_grads(model: nn.Module, tokens: torch.Tensor) -> tuple[torch.Tenso
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_hf_llama_norms_and_mlps_are_fused_and_train_the_same(backend, monkeypatch):
+def test_hf_llama_norms_mlps_and_rope_are_fused_and_train_the_same(backend, monkeypatch):
     monkeypatch.setenv("AMPKERNELS_FLOAT8_BACKEND", backend)
     stock = _tiny_llama()
     model = copy.deepcopy(stock)
     report = fuse_modules(model)
     swapped = dict(report.swapped)
     assert swapped == {
+        "model.layers.0.self_attn": "LlamaAttention",
+        "model.layers.1.self_attn": "LlamaAttention",
         "model.layers.0.input_layernorm": "LlamaRMSNorm",
         "model.layers.0.post_attention_layernorm": "LlamaRMSNorm",
         "model.layers.0.mlp": "LlamaMLP",
@@ -58,9 +60,7 @@ def test_hf_llama_norms_and_mlps_are_fused_and_train_the_same(backend, monkeypat
         "model.layers.1.mlp": "LlamaMLP",
         "model.norm": "LlamaRMSNorm",
     }
-    assert [(name, why.split(":")[0]) for name, _, why in report.left] == [
-        ("model.rotary_emb", "computes the cos/sin tables only")
-    ]
+    assert report.left == []
     # What callers rely on stays: class checks, parameters, state_dict keys, repr.
     norm = model.model.norm
     assert isinstance(norm, type(stock.model.norm)) and type(norm) is not type(stock.model.norm)
@@ -69,22 +69,63 @@ def test_hf_llama_norms_and_mlps_are_fused_and_train_the_same(backend, monkeypat
     tokens = torch.randint(128, (2, 24), device=DEV)
     expected_loss, expected = _loss_and_grads(stock, tokens)
     loss, grads = _loss_and_grads(model, tokens)
-    # The fused norm is the same formula; SiLU-up rounds once where stock rounds twice (float32 model: ~1 ulp).
+    # The fused norm and RoPE are the same formulas; SiLU-up rounds once where stock rounds twice (float32 model: ~1
+    # ulp).
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-5, msg=name)
-    assert str(report).startswith("fuse_modules: 7 module(s) on the fused kernels, 1 left")
+    assert str(report).startswith("fuse_modules: 9 module(s) on the fused kernels, 0 left")
 
 
 def test_the_fused_forwards_run_the_fused_kernels(monkeypatch):
     calls = []
     monkeypatch.setattr(fuse, "rms_norm", lambda *a, **k: calls.append("rms_norm") or rms_norm(*a, **k))
-    real_silu_mul = fuse.silu_mul
+    real_silu_mul, real_rope = fuse.silu_mul, fuse.rotary_embedding
     monkeypatch.setattr(fuse, "silu_mul", lambda *a, **k: calls.append("silu_mul") or real_silu_mul(*a, **k))
-    model = _tiny_llama()
+    monkeypatch.setattr(fuse, "rotary_embedding", lambda *a, **k: calls.append("rope") or real_rope(*a, **k))
+    model = _tiny_llama().train()
     fuse_modules(model)
     model(torch.randint(128, (1, 8), device=DEV))
-    assert calls.count("rms_norm") == 5 and calls.count("silu_mul") == 2
+    assert calls.count("rms_norm") == 5 and calls.count("silu_mul") == 2 and calls.count("rope") == 4  # q, k x 2
+    calls.clear()
+    model.eval()  # (generation: the cache and the tables' dtype are stock's)
+    model(torch.randint(128, (1, 8), device=DEV))
+    assert calls.count("rms_norm") == 5 and calls.count("rope") == 0
+
+
+def test_rope_under_autocast_reads_what_stock_reads():
+    """Stock's RoPE under autocast is float32 (the float32 tables promote q and k), cast to bf16 by the attention; the
+    fused one rounds to bf16 itself. The attention sees the same values."""
+    stock = _tiny_llama().train()
+    model = copy.deepcopy(stock)
+    report = fuse_modules(model)
+    for name, module in model.named_modules():  # only the RoPE fused: the comparison is its own
+        if name and not name.endswith("self_attn") and getattr(type(module), "_ampkernels_fused", None) is not None:
+            module.__class__ = type(module)._ampkernels_fused
+    assert ("model.layers.0.self_attn", "LlamaAttention") in report.swapped
+    tokens = torch.randint(128, (2, 24), device=DEV)
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        ours, theirs = _loss_and_grads(model, tokens), _loss_and_grads(stock, tokens)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=2e-3, atol=2e-3)
+    for name, grad in ours[1].items():
+        torch.testing.assert_close(grad, theirs[1][name], rtol=2e-2, atol=2e-3, msg=name)
+
+
+def test_rope_with_unknown_tables_is_left_with_the_reason():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    class InterleavedRotary(LlamaRotaryEmbedding):
+        def forward(self, x, position_ids):
+            cos, sin = super().forward(x, position_ids)
+            return cos.flip(-1), sin.flip(-1)
+
+    model = _tiny_llama()
+    model.model.rotary_emb.__class__ = InterleavedRotary
+    report = fuse_modules(model)
+    left = {name: why for name, _, why in report.left}
+    assert "not Llama's" in left["model.layers.0.self_attn"] and "InterleavedRotary" in left["model.layers.0.self_attn"]
+    assert left["model.rotary_emb"].startswith("the attentions keep stock's RoPE")
+    assert "model.layers.0.self_attn" not in dict(report.swapped)
 
 
 def test_fusing_twice_changes_nothing_more():

@@ -198,7 +198,7 @@ def test_float8_in_convert_module():
 
 def test_fuse_in_convert_module():
     """``fuse=True`` runs fuse_modules(loss=True) in the hook: a Hugging Face Llama inside the LightningModule gets the
-    fused norms, MLPs and loss, then the FP8 layers; the hook's result trains as the model fused by hand."""
+    fused norms, MLPs, RoPE and loss, then the FP8 layers; the hook's result trains as the model fused by hand."""
     transformers = pytest.importorskip("transformers")
     from ampkernels.float8 import fuse_modules
 
@@ -219,6 +219,7 @@ def test_fuse_in_convert_module():
         "model.layers.0.input_layernorm",
         "model.layers.0.mlp",
         "model.layers.0.post_attention_layernorm",
+        "model.layers.0.self_attn",
         "model.norm",
     ]
     assert [type(m).__qualname__ for m in ours.modules()] == [type(m).__qualname__ for m in by_hand.modules()]
