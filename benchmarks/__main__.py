@@ -114,7 +114,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=DEFAULT_OUT, help=f"folder for the JSON and PNG files (default: ./{DEFAULT_OUT})"
     )
     parser.add_argument("--models", help="comma-separated models of the model zoo (default: a subset; all with --full)")
-    parser.add_argument("--recipes", help="comma-separated recipes of the model zoo (default: per --models / --full)")
+    parser.add_argument(
+        "--recipes",
+        help="comma-separated recipes of the model zoo, or rows of the float8 stack (a partial float8 run: those rows "
+        "and their baselines; 'profile' adds the step profile); each with its baseline",
+    )
     parser.add_argument("--no-plot", action="store_true", help="save no PNG")
     parser.add_argument(
         "--device",

@@ -141,13 +141,20 @@ def _stack_variants(ctx: RunContext) -> list[dict[str, Any]]:
                     stock=True,
                 )
             )
-    if ctx.full and _package_version("transformers") is not None:
+    if (ctx.full or ctx.recipes) and _package_version("transformers") is not None:
         rows += _hf_llama_variants(on_gpu)
     for row in rows:
         for flag in ("compiled", "graphed", "stock", "fused_loss", "hf", "fuse"):
             row.setdefault(flag, False)
         row.setdefault("fp8", None)
         row.setdefault("torchao", None)
+    if ctx.recipes:  # the rows named, each with its model's stock bf16 eager (a partial run, not for publishing)
+        known = [row["key"] for row in rows] + ["profile"]
+        unknown = [key for key in ctx.recipes if key not in known]
+        if unknown:
+            raise ValueError(f"--recipes: unknown {unknown}; the float8 stack has {', '.join(known)}")
+        bases = {_BASES[row["hf"]] for row in rows if row["key"] in ctx.recipes}
+        rows = [row for row in rows if row["key"] in ctx.recipes or row["key"] in bases]
     return rows
 
 
@@ -477,6 +484,14 @@ def run(ctx: RunContext) -> dict[str, Any]:
     on_gpu = ctx.device.type == "cuda"
     ctx.progress.reset(total=len(_stack_variants(ctx)) + len(LAYER_SHAPES if on_gpu else CPU_LAYER_SHAPES) + 4)
     document: dict[str, Any] = {"mode": "gpu" if on_gpu else "cpu-small"}
+    if ctx.recipes:  # --recipes: only the stack rows named (and "profile": the step profile)
+        document["partial"] = True
+        document["stack"] = _stack_section(ctx)
+        ctx.progress.write(_report_stack(document["stack"]))
+        if "profile" in ctx.recipes:
+            stack = document["stack"]
+            document["profile"] = float8_profile.run_profile(ctx, stack["config"], tuple(stack["batch"]))
+        return document
     ctx.progress.set_postfix_str("casts")
     # Each section's table is also written as it finishes, for a run cut short by a time limit.
     document["casts"] = float8_casts.run_casts(ctx)
@@ -559,6 +574,9 @@ def _report_stack(section: dict[str, Any]) -> str:
 def report(document: dict[str, Any]) -> str:
     from benchmarks import float8_casts, float8_fused, float8_gemms, float8_profile
 
+    if document.get("partial"):
+        profile = float8_profile.report_profile(document.get("profile", {}))
+        return "\n\n".join([_report_stack(document["stack"]), profile])
     parts = [
         float8_casts.report_casts(document["casts"]),
         float8_fused.report_fused(document.get("fused", [])),
