@@ -21,6 +21,7 @@ def _ctx(**overrides):
         lines=lines,
     )
     ctx = dict(device=torch.device("cpu"), repeats=1, target_loop_s=0.0, progress=progress, full=False, models=None)
+    ctx["recipes"] = None
     ctx.update(overrides)
     return SimpleNamespace(**ctx, cpu_small=ctx["device"].type == "cpu", only="models")
 
@@ -142,3 +143,14 @@ def test_framework_rows_check_their_last_step_relative_to_the_first():
     bench_models._check(far, baseline, recipe)
     assert close["check"] == "ok" and close["loss_rel_diff"] == pytest.approx(0.005)
     assert far["check"].startswith("FAILED: loss") and far["loss_rel_diff"] == pytest.approx(0.02)
+
+
+def test_recipes_named_run_with_their_baselines():
+    ctx = _ctx(full=True, recipes=["ampkernels-trainer-fp8-8bit"])
+    assert [r.name for r in bench_models._recipes_of("llama-1b", ctx)] == [
+        "stock-trainer-bf16",
+        "ampkernels-trainer-fp8-8bit",
+    ]
+    assert bench_models._recipes_of("bert-base", ctx) == []  # (a Llama-only recipe)
+    with pytest.raises(ValueError, match="--recipes: unknown"):
+        bench_models._recipes_of("llama-1b", _ctx(recipes=["no-such-recipe"]))
