@@ -82,6 +82,8 @@ def _fused_rope(stock):
     dtype: under autocast stock's is float32 (the float32 tables promote it), which the attention casts to q's dtype
     at once, so the values it reads are the same."""
 
+    last: list = [None, None, None]  # (cos, sin, tables): one pair of tables serves every layer of a forward
+
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         if (
             args
@@ -95,9 +97,13 @@ def _fused_rope(stock):
             or k.shape[2:] != q.shape[2:]
         ):
             return stock(q, k, cos, sin, *args, **kwargs)
-        half = q.shape[-1] // 2
-        # (Llama's tables are cat(angles, angles): the first half holds every angle)
-        tables = (cos[0, :, :half].float(), sin[0, :, :half].float())
+        if last[0] is cos and last[1] is sin:
+            tables = last[2]
+        else:
+            half = q.shape[-1] // 2
+            # (Llama's tables are cat(angles, angles): the first half holds every angle)
+            tables = (cos[0, :, :half].float().contiguous(), sin[0, :, :half].float().contiguous())
+            last[:] = cos, sin, tables
         return rotary_embedding(q, tables=tables), rotary_embedding(k, tables=tables)
 
     return apply_rotary_pos_emb

@@ -97,13 +97,19 @@ def _output(outputs: Any, loss: torch.Tensor) -> Any:
     return CausalLMOutputWithPast(loss=loss, logits=None, **fields)
 
 
+_SIGNATURES: dict[Any, inspect.Signature] = {}  # (per stock forward: reading one costs tens of µs)
+
+
 def fused_forward(self, *args: Any, **kwargs: Any) -> Any:
     """A Llama-form causal LM's ``forward`` with :func:`causal_lm_loss` when it trains with labels (module
     docstring); the stock forward otherwise. Installed as the forward of a subclass whose base is the model's class
     (``_ampkernels_fused``)."""
     stock = self._ampkernels_fused.forward
+    signature = _SIGNATURES.get(stock)
+    if signature is None:
+        signature = _SIGNATURES[stock] = inspect.signature(stock)
     try:
-        arguments = inspect.signature(stock).bind(self, *args, **kwargs).arguments
+        arguments = signature.bind(self, *args, **kwargs).arguments
     except TypeError:
         return stock(self, *args, **kwargs)  # (a deprecated keyword the stock decorators rename: theirs to handle)
     arguments = dict(arguments)
