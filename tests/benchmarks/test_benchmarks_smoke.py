@@ -359,3 +359,25 @@ def test_float8_benchmark_smoke(tmp_path):
     assert {row["op"]: row["torch_code"] for row in document["fused"]}["rms_norm"] == "F.rms_norm"
     assert "| F.rms_norm |" in "\n".join(published.RENDERERS["float8"](document))
     assert any(line.startswith("Llama stack fp8 tensorwise") for line in bench_float8.summary(document))
+
+
+def test_float8_recipes_run_the_rows_named_with_their_baselines(tmp_path):
+    """--recipes on the float8 benchmark: only the stack rows named and their model's stock bf16 eager (the Hugging
+    Face Llama rows without --full), marked partial; an unknown row is refused by name."""
+    pytest.importorskip("tqdm")
+    pytest.importorskip("transformers")
+    from benchmarks import bench_float8
+    from benchmarks.__main__ import main
+
+    rows = "fp8-tensorwise-fused-loss-eager,hf-fp8-tensorwise-eager"
+    args = ["--only", "float8", "--quick", "--device", "cpu", "--out", str(tmp_path), "--no-plot", "--recipes", rows]
+    assert main(args) == 0
+    (json_path,) = tmp_path.glob("float8_*.json")
+    document = json.loads(json_path.read_text())
+    assert document["partial"] and "casts" not in document
+    keys = [row["key"] for row in document["stack"]["rows"]]
+    assert keys == ["bf16-eager", "fp8-tensorwise-fused-loss-eager", "hf-bf16-eager", "hf-fp8-tensorwise-eager"]
+    assert all(row["check"] == (None if row["stock"] else "ok") for row in document["stack"]["rows"])
+    assert "LlamaStack training step" in bench_float8.report(document)
+    with pytest.raises(ValueError, match="--recipes: unknown"):
+        main([*args[:-1], "no-such-row"])
