@@ -214,7 +214,10 @@ def test_trainer_trains_the_same_with_the_fused_loss(tmp_path, device):
 
     stock = _tiny(device)
     model = _fused_loss_only(copy.deepcopy(stock))
-    theirs = train(stock)
-    ours = train(model)
+    try:
+        theirs = train(stock)
+        ours = train(model)
+    finally:
+        AcceleratorState._reset_state(True)  # (the state is process-wide: later tests make their own Accelerator)
     assert len(ours) == 8
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-5, atol=1e-6)

@@ -53,6 +53,15 @@ def _params():
     return params
 
 
+def _fresh_accelerate_state() -> None:
+    try:
+        from accelerate.state import AcceleratorState, GradientState
+    except ImportError:
+        return
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
 @pytest.mark.parametrize(("path", "line", "code", "mark"), _params())
 def test_block_runs(path, line, code, mark, tmp_path, monkeypatch, matmul_tuning):
     # matmul_tuning: a block that sets a switch of ampkernels.matmul.tuning (docs/backends.md) leaves it to this block
@@ -61,6 +70,7 @@ def test_block_runs(path, line, code, mark, tmp_path, monkeypatch, matmul_tuning
     if mark == "fragment":
         return
     monkeypatch.chdir(tmp_path)  # a block may write checkpoints or logs
+    _fresh_accelerate_state()  # as in a new process: an Accelerator made by an earlier test fixed the state
     namespace = {"__name__": "__main__", "__file__": str(tmp_path / "snippet.py")}
     try:
         exec(compiled, namespace)
