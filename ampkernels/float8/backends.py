@@ -278,7 +278,8 @@ class TorchFused(dispatch.TorchBackend):
         half = x.shape[-1] // 2
         s = -sin if inverse else sin
         x1, x2 = x[..., :half].float(), x[..., half:].float()
-        return torch.cat((x1 * cos - x2 * s, x1 * s + x2 * cos), dim=-1).to(x.dtype)
+        # In x's layout, as the kernels write it and the op's fake says (a transposed q/k stays transposed)
+        return torch.empty_like(x).copy_(torch.cat((x1 * cos - x2 * s, x1 * s + x2 * cos), dim=-1))
 
 
 _VARIABLE = "AMPKERNELS_FLOAT8_BACKEND"
