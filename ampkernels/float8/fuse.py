@@ -113,7 +113,9 @@ _REBOUND: dict[type, types.FunctionType] = {}
 
 
 def _with_fused_rope(cls: type) -> types.FunctionType:
-    """``cls.forward``'s own code (under its decorators) with ``apply_rotary_pos_emb`` bound to :func:`_fused_rope`."""
+    """``cls.forward``'s own code with ``apply_rotary_pos_emb`` bound to :func:`_fused_rope`, without its decorators
+    (Llama's has one, which renames a ``past_key_values`` argument: :func:`_hf_attention_forward` leaves such calls to
+    the stock forward)."""
     fn = _REBOUND.get(cls)
     if fn is None:
         inner = inspect.unwrap(cls.forward)
@@ -128,7 +130,7 @@ def _with_fused_rope(cls: type) -> types.FunctionType:
 def _hf_attention_forward(self, *args, **kwargs):
     stock = self._ampkernels_fused
     # Training only: generating, the cache keeps stock's dtype for the keys (float32 under autocast), as it would.
-    if not self.training:
+    if not self.training or "past_key_values" in kwargs:
         return stock.forward(self, *args, **kwargs)
     return _with_fused_rope(stock)(self, *args, **kwargs)
 
