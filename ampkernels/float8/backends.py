@@ -170,9 +170,10 @@ class FusedBackend(dispatch.Backend, Protocol):
     records_amax: bool
 
     def rms_norm(
-        self, x: torch.Tensor, weight: torch.Tensor, eps: float, scratch: torch.Tensor | None
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, scratch: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [M, D], weight [D] -> (out [M, D] in the promoted dtype, rstd [M] float32)."""
+        """x [M, D], weight [D] -> (out [M, D] in the promoted dtype, rstd [M] float32); fills ``scratch`` with out's
+        amax."""
         ...
 
     def rms_norm_backward(
@@ -181,8 +182,8 @@ class FusedBackend(dispatch.Backend, Protocol):
         """-> (grad_x like x, grad_weight like weight)."""
         ...
 
-    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor, scratch: torch.Tensor | None) -> torch.Tensor:
-        """gate, up of one shape -> silu(gate) * up in the promoted dtype."""
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+        """gate, up of one shape -> silu(gate) * up in the promoted dtype; fills ``scratch`` with its amax."""
         ...
 
     def silu_mul_backward(
@@ -231,7 +232,7 @@ class TritonFused(dispatch.TritonBackend):
     #: The longest norm row the kernels take (a program holds a row); longer rows run on the reference's math.
     max_row = MAX_TRITON_ROW
 
-    def rms_norm(self, x, weight, eps, scratch):
+    def rms_norm(self, x, weight, eps, scratch=None):
         if x.shape[-1] > self.max_row:
             return _rms_norm_torch(x, weight, eps, scratch)
         return self.kernels().rms_norm(x, weight, eps, torch.promote_types(x.dtype, weight.dtype), scratch)
@@ -241,7 +242,7 @@ class TritonFused(dispatch.TritonBackend):
             return _rms_norm_backward_torch(grad, x, weight, rstd)
         return self.kernels().rms_norm_backward(grad, x, weight, rstd)
 
-    def silu_mul(self, gate, up, scratch):
+    def silu_mul(self, gate, up, scratch=None):
         return self.kernels().silu_mul(gate, up, torch.promote_types(gate.dtype, up.dtype), scratch)
 
     def silu_mul_backward(self, grad, gate, up):
@@ -256,13 +257,13 @@ class TorchFused(dispatch.TorchBackend):
 
     records_amax = False
 
-    def rms_norm(self, x, weight, eps, scratch):
+    def rms_norm(self, x, weight, eps, scratch=None):
         return _rms_norm_torch(x, weight, eps, scratch)
 
     def rms_norm_backward(self, grad, x, weight, rstd):
         return _rms_norm_backward_torch(grad, x, weight, rstd)
 
-    def silu_mul(self, gate, up, scratch):
+    def silu_mul(self, gate, up, scratch=None):
         out = reference.silu_mul(gate, up)
         _record_torch(out, scratch)
         return out

@@ -101,16 +101,15 @@ def _new_scratch(like: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("ampkernels::rms_norm", mutates_args=("scratch",))
-def _rms_norm_op(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, scratch: torch.Tensor | None, backend: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, D] contiguous, weight [D] -> (out [M, D], rstd [M] float32); fills scratch with out's amax."""
-    return dispatch.backend(_OP, backend).rms_norm(x, weight, eps, scratch)
+@torch.library.custom_op("ampkernels::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, D] contiguous, weight [D] -> (out [M, D], rstd [M] float32). (The amax of out is recorded in plain eager
+    mode only, where the backend is launched directly: no op takes the scratch.)"""
+    return dispatch.backend(_OP, backend).rms_norm(x, weight, eps)
 
 
 @_rms_norm_op.register_fake
-def _(x, weight, eps, scratch, backend):
+def _(x, weight, eps, backend):
     out = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
     return out, x.new_empty(x.shape[:1], dtype=torch.float32)
 
@@ -134,8 +133,10 @@ class _RMSNormFunction(torch.autograd.Function):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
         w = weight.detach().contiguous()  # (the kernels read the weight as a dense [D] vector)
-        args = (x2, w, eps, scratch)
-        out, rstd = eager_or_op(backend.rms_norm, torch.ops.ampkernels.rms_norm, args, backend.name, (scratch,))
+        if scratch is None:
+            out, rstd = eager_or_op(backend.rms_norm, torch.ops.ampkernels.rms_norm, (x2, w, eps), backend.name)
+        else:  # (recording: rms_norm found plain eager mode, where nothing traces the launch)
+            out, rstd = backend.rms_norm(x2, w, eps, scratch)
         ctx.save_for_backward(x2, w, rstd)
         ctx.shape, ctx.backend = shape, backend
         return out.view(shape)
@@ -215,14 +216,15 @@ class RMSNorm(nn.Module):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("ampkernels::silu_mul", mutates_args=("scratch",))
-def _silu_mul_op(gate: torch.Tensor, up: torch.Tensor, scratch: torch.Tensor | None, backend: str) -> torch.Tensor:
-    """gate, up contiguous, one shape -> silu(gate) * up; fills scratch with its amax."""
-    return dispatch.backend(_OP, backend).silu_mul(gate, up, scratch)
+@torch.library.custom_op("ampkernels::silu_mul", mutates_args=())
+def _silu_mul_op(gate: torch.Tensor, up: torch.Tensor, backend: str) -> torch.Tensor:
+    """gate, up contiguous, one shape -> silu(gate) * up. (As rms_norm's op, no scratch: Inductor could not lower a
+    one-output op beside an optional mutated argument given None.)"""
+    return dispatch.backend(_OP, backend).silu_mul(gate, up)
 
 
 @_silu_mul_op.register_fake
-def _(gate, up, scratch, backend):
+def _(gate, up, backend):
     return gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype))
 
 
@@ -243,7 +245,10 @@ class _SiluMulFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, scratch, backend):
         g, u = gate.contiguous(), up.contiguous()
-        out = eager_or_op(backend.silu_mul, torch.ops.ampkernels.silu_mul, (g, u, scratch), backend.name, (scratch,))
+        if scratch is None:
+            out = eager_or_op(backend.silu_mul, torch.ops.ampkernels.silu_mul, (g, u), backend.name)
+        else:  # (recording: silu_mul found plain eager mode, where nothing traces the launch)
+            out = backend.silu_mul(g, u, scratch)
         ctx.save_for_backward(g, u)
         ctx.backend = backend
         return out

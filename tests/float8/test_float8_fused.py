@@ -476,11 +476,11 @@ def test_double_backward_raises_instead_of_dropping_second_order_terms(op, backe
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_custom_ops_pass_opcheck(backend):
     x, w, g = _norm_inputs((8, 32), torch.bfloat16, torch.float32)
-    out, rstd = torch.ops.ampkernels.rms_norm(x, w, 1e-5, None, backend)
-    torch.library.opcheck(torch.ops.ampkernels.rms_norm, (x, w, 1e-5, None, backend))
+    out, rstd = torch.ops.ampkernels.rms_norm(x, w, 1e-5, backend)
+    torch.library.opcheck(torch.ops.ampkernels.rms_norm, (x, w, 1e-5, backend))
     torch.library.opcheck(torch.ops.ampkernels.rms_norm_backward, (g.to(out.dtype), x, w, rstd, backend))
     gate, up = x.clone(), (x * 0.5).contiguous()
-    torch.library.opcheck(torch.ops.ampkernels.silu_mul, (gate, up, None, backend))
+    torch.library.opcheck(torch.ops.ampkernels.silu_mul, (gate, up, backend))
     torch.library.opcheck(torch.ops.ampkernels.silu_mul_backward, (x, gate, up, backend))
     cos, sin = reference.rotary_tables(32, 8, 10000.0, DEV)
     q = torch.randn(2, 3, 32, 16, device=DEV).bfloat16()
@@ -512,17 +512,18 @@ def test_inductor_compiles_rope_of_a_transposed_view():
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=Exception,
-    reason="Inductor lowers the silu_mul op (one output, an optional mutated scratch given None) to a getitem it "
-    "rejects; aot_eager compiles it (test above). The fused MLP of fuse_modules under torch.compile with Inductor "
-    "fails for this.",
-)
-def test_inductor_compiles_silu_mul():
-    gate, up = torch.randn(4, 64, device=DEV), torch.randn(4, 64, device=DEV)
-    compiled = torch.compile(lambda a, b: silu_mul(a, b))(gate, up)
-    torch.testing.assert_close(compiled, silu_mul(gate, up))
+def test_inductor_compiles_silu_mul_forward_and_backward():
+    """The fused MLP of fuse_modules under torch.compile's default backend: Inductor lowers the silu_mul op (once an
+    optional mutated amax scratch, given None, made it reject the op's one output)."""
+    x, w, g = _norm_inputs((16, 64), torch.float32, torch.float32)
+
+    def fn(a, b):
+        return silu_mul(a * 2.0, a * b)
+
+    eager = _forward_backward(fn, x, w, g)
+    compiled = _forward_backward(torch.compile(fn), x, w, g)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_rms_norm_module_deferred_initialization():

@@ -205,3 +205,17 @@ def test_what_cannot_be_proved_is_left_with_the_reason():
     assert reasons["two_dims"].startswith("normalizes over 2 dimensions")
     assert "not Llama's RMSNorm" in reasons["gemma"]
     assert reasons["gelu_mlp"].startswith("its activation is")
+
+
+def test_a_fused_llama_compiles_with_inductor_and_trains_the_same():
+    """fuse_modules, then torch.compile's default backend (Inductor): the fused norms, MLPs, RoPE and loss lower, and
+    the loss and gradients are the eager fused model's."""
+    model = _tiny_llama()
+    fuse_modules(model, loss=True)
+    tokens = torch.randint(128, (2, 24), device=DEV)
+    expected_loss, expected = _loss_and_grads(model, tokens)
+    compiled = torch.compile(model)
+    loss, grads = _loss_and_grads(compiled, tokens)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected[name.removeprefix("_orig_mod.")], rtol=1e-4, atol=1e-5, msg=name)
