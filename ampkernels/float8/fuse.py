@@ -43,7 +43,6 @@ from torch import nn
 from ampkernels._source import code_without_docstring
 from ampkernels.float8.fused import rms_norm, rotary_embedding, silu_mul
 from ampkernels.loss.causal_lm import fused_forward as _hf_causal_lm_forward
-from ampkernels.loss.causal_lm import is_llama_causal_lm_forward
 
 
 @dataclass
@@ -162,13 +161,14 @@ def _fused_class(cls: type, kind: str) -> type:
 
 
 def _with_stock_signature(forward, stock):
-    """``forward`` under ``stock``'s name, docstring and signature: frameworks read the signature (Trainer keeps the
-    dataset columns that ``forward`` names, and passes loss arguments only to a forward that takes ``**kwargs``)."""
-
-    def fused_forward(self, *args, **kwargs):
-        return forward(self, *args, **kwargs)
-
-    return functools.update_wrapper(fused_forward, stock)
+    """A copy of ``forward`` under ``stock``'s name, docstring and signature (``__wrapped__``; a copy, not a wrapper,
+    so the call costs no extra frame): frameworks read the signature (Trainer keeps the dataset columns that
+    ``forward`` names, and passes loss arguments only to a forward that takes ``**kwargs``)."""
+    fused = types.FunctionType(
+        forward.__code__, forward.__globals__, forward.__name__, forward.__defaults__, forward.__closure__
+    )
+    fused.__kwdefaults__ = forward.__kwdefaults__
+    return functools.update_wrapper(fused, stock)
 
 
 def __getattr__(name: str) -> type:
@@ -195,12 +195,14 @@ def _source(fn) -> str | None:
 @dataclass(frozen=True)
 class _Llama:
     """Hugging Face Llama's code that a module is compared with (None without transformers): the RMSNorm's and MLP's
-    ``forward`` sources, the attention's and rotary module's ``forward`` syntax trees (docstrings aside)."""
+    ``forward`` sources; the attention's, rotary module's and causal LM's ``forward`` syntax trees (docstrings
+    aside)."""
 
     norm: str | None = None
     mlp: str | None = None
     attention: str | None = None
     rotary: str | None = None
+    causal_lm: str | None = None
 
     @staticmethod
     def load() -> _Llama:
@@ -213,7 +215,12 @@ class _Llama:
             _source(m.LlamaMLP.forward),
             code_without_docstring(m.LlamaAttention.forward),
             code_without_docstring(m.LlamaRotaryEmbedding.forward),
+            code_without_docstring(m.LlamaForCausalLM.forward),
         )
+
+    def is_causal_lm(self, cls: type) -> bool:
+        """Whether ``cls.forward`` is ``LlamaForCausalLM.forward`` but for its docstring."""
+        return self.causal_lm is not None and code_without_docstring(cls.forward) == self.causal_lm
 
     def rotary_reason(self, model: nn.Module) -> str | None:
         """Why the attentions of ``model`` cannot take the fused RoPE (None: they can): its rotary modules must all
@@ -248,7 +255,7 @@ def _judge(module: nn.Module, llama: _Llama, rope_reason: str | None, loss: bool
         head = getattr(module, "lm_head", None)
         if not isinstance(head, nn.Linear):
             return None, "its lm_head is not an nn.Linear"
-        if not is_llama_causal_lm_forward(cls):
+        if not llama.is_causal_lm(cls):
             return None, "its forward is not Llama's causal-LM forward (e.g. logit soft-capping): not provably its loss"
         return "hf_causal_lm_loss", None
     if isinstance(module, nn.RMSNorm):

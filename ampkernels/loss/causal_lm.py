@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 
-from ampkernels._source import code_without_docstring
 from ampkernels.loss.cross_entropy import linear_cross_entropy
 
-__all__ = ["causal_lm_loss", "fused_forward", "is_llama_causal_lm_forward"]
+__all__ = ["causal_lm_loss", "fused_forward"]
 
 # The keyword arguments Hugging Face's loss takes from the forward's **kwargs (transformers.loss.ForCausalLMLoss).
 LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
@@ -72,22 +71,6 @@ def causal_lm_loss(
     return loss
 
 
-_LLAMA_FORWARD: list[str | None] = []  # (computed on first use: parsing needs transformers' source)
-
-
-def is_llama_causal_lm_forward(cls: type) -> bool:
-    """Whether ``cls.forward`` is Hugging Face ``LlamaForCausalLM.forward`` but for its docstring."""
-    if not _LLAMA_FORWARD:
-        try:
-            from transformers.models.llama.modeling_llama import LlamaForCausalLM
-        except ImportError:
-            _LLAMA_FORWARD.append(None)
-        else:
-            _LLAMA_FORWARD.append(code_without_docstring(LlamaForCausalLM.forward))
-    llama = _LLAMA_FORWARD[0]
-    return llama is not None and code_without_docstring(cls.forward) == llama
-
-
 def _output(outputs: Any, loss: torch.Tensor) -> Any:
     """``CausalLMOutputWithPast`` with ``loss``, no logits, and the decoder output's other fields."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -122,7 +105,7 @@ def fused_forward(self, *args: Any, **kwargs: Any) -> Any:
     return_dict = extra.pop("return_dict", None)
     loss_kwargs = {name: extra[name] for name in LOSS_KWARGS if name in extra}
     # Every argument but the labels, the loss's and logits_to_keep goes to the decoder, as the stock forward passes it
-    # (its source is Llama's: is_llama_causal_lm_forward).
+    # (its code is Llama's: fuse_modules installs this forward on no other).
     outputs = self.model(**arguments, **extra)
     loss = causal_lm_loss(outputs.last_hidden_state, self.lm_head, labels, **loss_kwargs)
     output = _output(outputs, loss)

@@ -5,12 +5,13 @@ the stock forward wherever the logits are wanted; Trainer trains the same."""
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
 from torch import nn
 
-from ampkernels.float8 import fuse_modules
+from ampkernels.float8 import fuse, fuse_modules
 from ampkernels.loss import causal_lm
 
 transformers = pytest.importorskip("transformers")
@@ -167,9 +168,24 @@ def test_a_non_llama_forward_is_left_with_the_reason():
 
 
 def test_models_written_from_llama_are_recognized():
-    for cls in (transformers.MistralForCausalLM, transformers.Qwen2ForCausalLM):
-        assert causal_lm.is_llama_causal_lm_forward(cls), cls.__name__
-    assert not causal_lm.is_llama_causal_lm_forward(transformers.GPT2LMHeadModel)
+    llama = fuse._Llama.load()
+    for cls in (transformers.LlamaForCausalLM, transformers.MistralForCausalLM, transformers.Qwen2ForCausalLM):
+        assert llama.is_causal_lm(cls), cls.__name__
+    assert not llama.is_causal_lm(transformers.GPT2LMHeadModel)
+    assert not llama.is_causal_lm(transformers.Gemma2ForCausalLM)
+
+
+def test_fused_forwards_keep_the_stock_signatures_and_names():
+    """Frameworks read the forward's signature (Trainer: the dataset columns it keeps, num_items_in_batch)."""
+    stock = _tiny()
+    model = copy.deepcopy(stock)
+    fuse_modules(model, loss=True)
+    pairs = [(model, stock), (model.model.layers[0].self_attn, stock.model.layers[0].self_attn)]
+    pairs += [(model.model.layers[0].mlp, stock.model.layers[0].mlp), (model.model.norm, stock.model.norm)]
+    for fused, plain in pairs:
+        assert type(fused) is not type(plain)
+        assert inspect.signature(fused.forward) == inspect.signature(plain.forward), type(plain).__name__
+        assert fused.forward.__name__ == "forward" and fused.forward.__doc__ == plain.forward.__doc__
 
 
 def test_loss_argument_must_be_a_bool():
