@@ -69,6 +69,17 @@ def why_not(framework: str) -> str | None:
     return missing_package(FRAMEWORKS[framework][1])
 
 
+#: Called after each step's end is timed (dev/models/framework_profile.py steps a profiler here).
+STEP_HOOKS: list[Callable[[], None]] = []
+
+
+def _step_end(device: torch.device, times: list[float]) -> None:
+    _sync(device)
+    times.append(time.perf_counter())
+    for hook in STEP_HOOKS:
+        hook()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -108,8 +119,7 @@ def _trainer(model, device: torch.device, options: Options, workdir: str) -> tup
 
     class StepTimes(transformers.TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            _sync(device)
-            times.append(time.perf_counter())
+            _step_end(device, times)
 
     # (ids, labels) for masked LM; (ids,) for a causal LM, whose labels are its ids. As many samples as the steps
     # take, each seen once (in Trainer's shuffled order, the same for every recipe: its sampler is seeded).
@@ -170,8 +180,7 @@ def _accelerate(model, device: torch.device, options: Options, workdir: str) -> 
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
-        _sync(device)
-        times.append(time.perf_counter())
+        _step_end(device, times)
     return times, losses
 
 
@@ -186,8 +195,7 @@ def _lightning(model, device: torch.device, options: Options, workdir: str) -> t
     class StepTimes(lightning.Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             losses.append(outputs["loss"].detach())
-            _sync(device)
-            times.append(time.perf_counter())
+            _step_end(device, times)
 
     class Module(lightning.LightningModule):
         def __init__(self) -> None:

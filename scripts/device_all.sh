@@ -5,8 +5,9 @@
 # $OUT/results.tgz (one file: results/<job>/...); logs to $OUT/*.log.
 # Usage: bash scripts/device_all.sh [TEST_LIMIT_S] [job:limit_s ...]
 #   jobs: default (python -m benchmarks), precision (--only precision), full (--full), a module name
-#   (grad_scaler, optimizers, training, scaled_matmul, float8, models: --only NAME), or full-NAME (--only NAME
-#   --full). No job named: default:200 precision:140. BENCH_ARGS="--quick ..." is added to every job's arguments.
+#   (grad_scaler, optimizers, training, scaled_matmul, float8, models: --only NAME), full-NAME (--only NAME
+#   --full), or a Python probe dev/.../NAME.py (run with PROBE_ARGS; output to results/NAME/). No job named:
+#   default:200 precision:140. BENCH_ARGS="--quick ..." is added to every job's arguments.
 #   TEST_LIMIT_S 0: no tests. TESTS="tests/test_a.py tests/test_b.py" runs only those test files (default: tests/);
 #   TEST_MARK="" runs the CPU tests too (default: gpu).
 #   CUDA_PROBES="dev/float8/cast_bench.cu ...": standalone CUDA probes compiled and run first (no build needed), each
@@ -66,6 +67,19 @@ fi
 mkdir -p "$OUT/results"
 for entry in "${jobs[@]}"; do
   name=${entry%%:*} limit=${entry##*:}
+  if [[ $name == dev/*.py ]]; then  # a Python probe: python3 PATH $PROBE_ARGS
+    out="$OUT/results/$(basename "$name" .py)"
+    mkdir -p "$out"
+    start=$(date +%s)
+    # shellcheck disable=SC2086 # PROBE_ARGS is a list of arguments
+    timeout "$limit" python3 "$name" ${PROBE_ARGS:-} > "$out/stdout.txt" 2> "$out/stderr.txt"
+    status=$?
+    echo "== $name ${PROBE_ARGS:-}: exit $status in $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
+    cat "$out/stdout.txt"
+    [ "$status" -eq 0 ] || tail -n 20 "$out/stderr.txt"
+    tar -czf "$OUT/results.tgz" -C "$OUT" results
+    continue
+  fi
   case $name in
     default) args=() ;;
     full) args=(--full) ;;
