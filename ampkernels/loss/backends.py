@@ -17,7 +17,7 @@ class LossBackend(dispatch.Backend, Protocol):
     """What each backend of ``linear_cross_entropy``'s per-chunk step implements, with these signatures and return
     values."""
 
-    def logit_bytes(self, hidden: torch.Tensor) -> int:
+    def logit_bytes(self, logits_dtype: torch.dtype) -> int:
         """Bytes per logit the step works on (which sizes the chunks: ``cross_entropy.chunk_tokens``)."""
         ...
 
@@ -39,8 +39,8 @@ class TritonLoss(dispatch.TritonBackend):
 
     module = "ampkernels.loss.triton.cross_entropy"
 
-    def logit_bytes(self, hidden):
-        return hidden.element_size()
+    def logit_bytes(self, logits_dtype):
+        return logits_dtype.itemsize
 
     def losses_and_grad_logits(self, logits, target, token_weight, losses, options):
         ignore_index, label_smoothing, z_loss = options
@@ -51,7 +51,7 @@ class TritonLoss(dispatch.TritonBackend):
 class TorchLoss(dispatch.TorchBackend):
     """``reference.cross_entropy_chunk`` on a float32 copy of the logits; the gradient in float32."""
 
-    def logit_bytes(self, hidden):
+    def logit_bytes(self, logits_dtype):
         return 4
 
     def losses_and_grad_logits(self, logits, target, token_weight, losses, options):

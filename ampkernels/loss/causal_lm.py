@@ -41,8 +41,9 @@ def causal_lm_loss(
 
     Args:
         hidden: [B, T, H], the decoder's last hidden state.
-        head: the ``nn.Linear`` LM head (its ``weight`` [V, H] and ``bias``; a Float8Linear head runs in the
-            autocast dtype here).
+        head: the ``nn.Linear`` LM head (its ``weight`` [V, H] and ``bias``). A tensorwise
+            :class:`~ampkernels.float8.Float8Linear` head runs its products in FP8 as it would
+            (``linear_cross_entropy(..., float8=head.recipe)``); a rowwise or delayed one in the autocast dtype.
         labels: [B, T] token ids; token t is scored against ``labels[:, t + 1]`` (the last against none). Ignored when
             ``shift_labels`` is given.
         num_items_in_batch: when given, the loss is the sum over the tokens divided by it (Trainer's count of the
@@ -63,12 +64,23 @@ def causal_lm_loss(
         bias=head.bias,
         ignore_index=ignore_index,
         reduction=reduction,
+        float8=_float8_recipe(head),
     )
     if num_items_in_batch is not None:
         if isinstance(num_items_in_batch, torch.Tensor):
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
     return loss
+
+
+def _float8_recipe(head: torch.nn.Module) -> Any:
+    """The recipe of a tensorwise Float8Linear head (whose weight is a plain tensor), else None."""
+    recipe = getattr(head, "recipe", None)
+    if getattr(recipe, "name", None) != "tensorwise" or getattr(head, "fsdp_float8_all_gather", False):
+        return None
+    from ampkernels.float8.linear import Float8Linear  # (ampkernels.float8 imports this module)
+
+    return recipe if isinstance(head, Float8Linear) else None
 
 
 def _output(outputs: Any, loss: torch.Tensor) -> Any:

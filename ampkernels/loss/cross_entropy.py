@@ -19,6 +19,7 @@ log-sum-exp in float32, the logits' gradient rounded to the GEMM dtype for the g
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -68,6 +69,76 @@ def _accumulate_weight_grad(grad_weight: torch.Tensor, grad_logits: torch.Tensor
     return torch.addmm(grad_weight, grad_logits.t(), hidden, out_dtype=torch.float32)  # 16-bit operands
 
 
+class _Bf16Head:
+    """The head's three products on the Tensor Cores in hidden's 16-bit dtype (cuBLAS), as autocast's F.linear."""
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.hidden, self.weight, self.bias = hidden, weight, bias
+
+    def logits(self, rows: slice) -> torch.Tensor:
+        return torch.nn.functional.linear(self.hidden[rows], self.weight, self.bias)
+
+    def gradients(self, rows: slice, grad_logits, grad_hidden, grad_weight) -> torch.Tensor | None:
+        if grad_hidden is not None:
+            torch.mm(grad_logits, self.weight, out=grad_hidden[rows])
+        if grad_weight is not None:
+            grad_weight = _accumulate_weight_grad(grad_weight, grad_logits, self.hidden[rows])
+        return grad_weight
+
+
+_HEAD_WEIGHT_CASTS: list = []  # (one WeightCasts, made on first use: ampkernels.float8 imports this module)
+
+
+def _head_weight_casts():
+    if not _HEAD_WEIGHT_CASTS:
+        from ampkernels.float8.weight_casts import WeightCasts
+
+        _HEAD_WEIGHT_CASTS.append(WeightCasts())
+    return _HEAD_WEIGHT_CASTS[0]
+
+
+class _Float8Head:
+    """The head's three products in FP8 with one scale per tensor and current scaling, as a tensorwise
+    :class:`~ampkernels.float8.Float8Linear`'s: the hidden states cast once (both layouts) and the weight once (kept
+    across micro-batches, as a layer's own casts: :mod:`ampkernels.float8.weight_casts`) in ``forward_dtype``, so
+    that every chunk's logits are the unfused layer's; each chunk's logit gradient in ``backward_dtype`` with its own
+    amax. The weight gradient is accumulated in float32 in the GEMM's epilogue."""
+
+    def __init__(self, hidden, weight, bias, dtypes, logits_dtype: torch.dtype, need_weight_grad: bool) -> None:
+        from ampkernels.float8.casts import to_float8, to_float8_pair  # (ampkernels.float8 imports this module)
+        from ampkernels.matmul.api import scaled_matmul
+
+        self.to_float8, self.to_float8_pair, self.mm = to_float8, to_float8_pair, scaled_matmul
+        self.bias, self.out_dtype = bias, logits_dtype
+        fwd, self.bwd = dtypes
+        if need_weight_grad:
+            self.h8, self.ht8, self.h_inv = to_float8_pair(hidden, fwd)
+        else:
+            (self.h8, self.h_inv), self.ht8 = to_float8(hidden, fwd), None
+        settings = (fwd, weight.dtype)
+        cache = _head_weight_casts()
+        casts = cache.get("tensor", weight, settings)
+        if casts is None:
+            casts = cache.put("tensor", weight, settings, to_float8_pair(weight, fwd))
+        self.w8, self.wt8, self.w_inv = casts
+
+    def logits(self, rows: slice) -> torch.Tensor:
+        scales = {"scale_a": self.h_inv, "scale_b": self.w_inv}
+        return self.mm(self.h8[rows], self.w8.t(), **scales, bias=self.bias, out_dtype=self.out_dtype)
+
+    def gradients(self, rows: slice, grad_logits, grad_hidden, grad_weight) -> torch.Tensor | None:
+        if grad_weight is None:
+            (g8, g_inv), gt8 = self.to_float8(grad_logits, self.bwd), None
+        else:
+            g8, gt8, g_inv = self.to_float8_pair(grad_logits, self.bwd)
+        if grad_hidden is not None:
+            self.mm(g8, self.wt8.t(), scale_a=g_inv, scale_b=self.w_inv, out=grad_hidden[rows])
+        if grad_weight is not None:
+            ht8 = self.ht8[:, rows]  # ([H, chunk] of the [H, N] layout: b's columns, one row apart)
+            self.mm(gt8, ht8.t(), scale_a=g_inv, scale_b=self.h_inv, out=grad_weight, accumulate=True)
+        return grad_weight
+
+
 def _chunked(
     backend: _backends.LossBackend,
     hidden: torch.Tensor,
@@ -77,20 +148,26 @@ def _chunked(
     options: tuple[int, float, float],
     token_weight: torch.Tensor | None,
     needs: tuple[bool, bool, bool],
+    float8: tuple[torch.dtype, torch.dtype] | None,
+    logits_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The per-token losses (float32 [N]) and, with ``token_weight`` (float32 [N], the derivative of the result by
-    each token's loss), the gradients of hidden, weight and bias that ``needs`` asks for."""
+    each token's loss), the gradients of hidden, weight and bias that ``needs`` asks for. ``float8``: the head's
+    (forward, backward) FP8 dtypes, or None for hidden's dtype; ``logits_dtype``: the head's output."""
     tokens, vocab = hidden.shape[0], weight.shape[0]
     losses = torch.empty(tokens, dtype=torch.float32, device=hidden.device)
     grads = token_weight is not None
     grad_hidden = torch.empty_like(hidden) if grads and needs[0] else None
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads and needs[1] else None
     grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if grads and needs[2] else None
-    step = chunk_tokens(tokens, vocab, hidden.shape[1], backend.logit_bytes(hidden))
+    if float8 is None:
+        head = _Bf16Head(hidden, weight, bias)
+    else:
+        head = _Float8Head(hidden, weight, bias, float8, logits_dtype, grad_weight is not None)
+    step = chunk_tokens(tokens, vocab, hidden.shape[1], backend.logit_bytes(logits_dtype))
     for start in range(0, tokens, step):
         rows = slice(start, start + step)
-        h = hidden[rows]
-        logits = torch.nn.functional.linear(h, weight, bias)
+        logits = head.logits(rows)
         grad_logits = backend.losses_and_grad_logits(
             logits, target[rows], None if token_weight is None else token_weight[rows], losses[rows], options
         )
@@ -98,11 +175,8 @@ def _chunked(
             continue
         if grad_bias is not None:
             grad_bias.add_(grad_logits.sum(0, dtype=torch.float32))
-        grad_logits = grad_logits.to(hidden.dtype)
-        if grad_hidden is not None:
-            torch.mm(grad_logits, weight, out=grad_hidden[rows])
-        if grad_weight is not None:
-            grad_weight = _accumulate_weight_grad(grad_weight, grad_logits, h)
+        grad_logits = grad_logits.to(logits_dtype)  # (as the float32 loss's backward rounds it)
+        grad_weight = head.gradients(rows, grad_logits, grad_hidden, grad_weight)
     return losses, grad_hidden, grad_weight, grad_bias
 
 
@@ -121,25 +195,32 @@ def _forward_op(
     z_loss: float,
     reduction: str,
     needs: list[bool],
+    float8_forward: torch.dtype | None,
+    float8_backward: torch.dtype | None,
+    logits_dtype: torch.dtype,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (per-token losses float32 [N], counted tokens float32 [], grad_hidden [N, H] or empty, grad_weight float32
     [V, H] or empty, grad_bias float32 [V] or empty). With reduction mean or sum the gradients are those of the
     *sum* of the losses: the mean's 1 / counted and the incoming gradient (a loss scale) are applied in float32 by
     the backward, so that an fp16 gradient is neither flushed to zero by 1 / counted nor overflowed by the scale
-    before it meets the other."""
+    before it meets the other. ``float8_forward``/``float8_backward``: the FP8 head's dtypes (None: the 16-bit
+    head); ``logits_dtype``: the head's output (the autocast dtype, else hidden's)."""
     counted = (target != ignore_index).sum().float()
     token_weight = None
     if reduction != "none" and any(needs):
         token_weight = torch.ones((), dtype=torch.float32, device=hidden.device).expand(target.shape[0])
     options = (ignore_index, label_smoothing, z_loss)
     chosen = dispatch.backend(_OP, backend)
-    losses, gh, gw, gb = _chunked(chosen, hidden, weight, target, bias, options, token_weight, tuple(needs))
+    float8 = None if float8_forward is None else (float8_forward, float8_backward)
+    losses, gh, gw, gb = _chunked(
+        chosen, hidden, weight, target, bias, options, token_weight, tuple(needs), float8, logits_dtype
+    )
     return losses, counted, *(_empty(hidden) if g is None else g for g in (gh, gw, gb))
 
 
 @_forward_op.register_fake
-def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs, backend):
+def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs, *dtypes_and_backend):
     grads = reduction != "none"
     tokens, vocab = hidden.shape[0], weight.shape[0]
     losses = hidden.new_empty(tokens, dtype=torch.float32)
@@ -161,17 +242,23 @@ def _backward_op(
     label_smoothing: float,
     z_loss: float,
     needs: list[bool],
+    float8_forward: torch.dtype | None,
+    float8_backward: torch.dtype | None,
+    logits_dtype: torch.dtype,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reduction="none": the chunks again, each token's gradient weighted by ``grad_losses`` (float32 [N])."""
     options = (ignore_index, label_smoothing, z_loss)
     chosen = dispatch.backend(_OP, backend)
-    _, gh, gw, gb = _chunked(chosen, hidden, weight, target, bias, options, grad_losses, tuple(needs))
+    float8 = None if float8_forward is None else (float8_forward, float8_backward)
+    _, gh, gw, gb = _chunked(
+        chosen, hidden, weight, target, bias, options, grad_losses, tuple(needs), float8, logits_dtype
+    )
     return tuple(_empty(hidden) if g is None else g for g in (gh, gw, gb))
 
 
 @_backward_op.register_fake
-def _(hidden, weight, target, bias, grad_losses, ignore_index, label_smoothing, z_loss, needs, backend):
+def _(hidden, weight, target, bias, grad_losses, ignore_index, label_smoothing, z_loss, needs, *dtypes_and_backend):
     gh = hidden.new_empty(hidden.shape) if needs[0] else _empty(hidden)
     gw = weight.new_empty(weight.shape, dtype=torch.float32) if needs[1] else _empty(hidden)
     gb = weight.new_empty(weight.shape[0], dtype=torch.float32) if needs[2] else _empty(hidden)
@@ -180,12 +267,12 @@ def _(hidden, weight, target, bias, grad_losses, ignore_index, label_smoothing, 
 
 class _LinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, backend):
+    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, dtypes, backend):
         needs = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3]]
         losses, counted, gh, gw, gb = torch.ops.ampkernels.linear_cross_entropy(
-            hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs, backend
+            hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, reduction, needs, *dtypes, backend
         )
-        ctx.reduction, ctx.needs, ctx.backend = reduction, needs, backend
+        ctx.reduction, ctx.needs, ctx.head_dtypes, ctx.backend = reduction, needs, dtypes, backend
         ctx.options = (ignore_index, label_smoothing, z_loss)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         if reduction == "none":
@@ -200,8 +287,9 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad):
         if ctx.reduction == "none":
             hidden, weight, target, bias = ctx.saved_tensors
+            grad_losses = grad.float().contiguous()
             gh, gw, gb = torch.ops.ampkernels.linear_cross_entropy_backward(
-                hidden, weight, target, bias, grad.float().contiguous(), *ctx.options, ctx.needs, ctx.backend
+                hidden, weight, target, bias, grad_losses, *ctx.options, ctx.needs, *ctx.head_dtypes, ctx.backend
             )
         else:
             gh, gw, gb, counted = ctx.saved_tensors
@@ -225,6 +313,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -243,6 +332,7 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     z_loss: float = 0.0,
+    float8: str | Any | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden, weight, bias), target, ...)`` plus ``z_loss * lse**2`` per token, without
@@ -258,6 +348,11 @@ def linear_cross_entropy(
         label_smoothing: in [0, 1], as torch's.
         reduction: ``"mean"`` (over the counted tokens; NaN when none is, as torch), ``"sum"`` or ``"none"``.
         z_loss: weight of ``lse**2`` (the log-sum-exp of a token's logits), >= 0.
+        float8: ``"tensorwise"`` (or a tensorwise :class:`~ampkernels.float8.Float8Recipe`) runs the head's three
+            products in FP8 as a tensorwise :class:`~ampkernels.float8.Float8Linear` would (e4m3 hidden states and
+            weight, e5m2 logit gradients, one scale per tensor and chunk, current scaling; the weight's casts kept
+            across micro-batches); where tokens, H or V is not a multiple of 16 the head runs as without it. None
+            (default): the head in hidden's dtype (the autocast dtype).
         backend: ``"triton"`` (the default on CUDA tensors: one kernel per chunk forms the loss and the logits'
             gradient in place) or ``"torch"`` (the reference's math per chunk, the default on CPU tensors);
             default: :mod:`ampkernels.dispatch`'s choice (op ``"linear_cross_entropy"``).
@@ -292,12 +387,22 @@ def linear_cross_entropy(
         out_of_range = (target != ignore_index) & ((target < 0) | (target >= weight.shape[0]))
         if bool(out_of_range.any()):
             raise _error("target", f"holds class indices outside [0, {weight.shape[0]}) other than ignore_index")
+    float8_dtypes = _float8_dtypes(float8)
     chosen = dispatch.select(_OP, hidden.device, dispatch.check_backend(_OP, backend))
     device = hidden.device.type
+    if (
+        hidden.numel() // hidden.shape[-1] % 16
+        or hidden.shape[-1] % 16
+        or weight.shape[0] % 16
+        or torch.float64 in (hidden.dtype, weight.dtype)
+    ):
+        float8_dtypes = (None, None)  # (FP8 GEMMs take dimensions in multiples of 16; float64 stays float64)
+    logits_dtype = hidden.dtype
     if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
+        logits_dtype = torch.get_autocast_dtype(device)
+        if float8_dtypes[0] is None:  # (an FP8 head casts hidden and weight itself, as Float8Linear)
+            hidden, weight = hidden.to(logits_dtype), weight.to(logits_dtype)
+        bias = None if bias is None else bias.to(logits_dtype)
     elif hidden.dtype != weight.dtype:
         raise _error("weight", f"expected {hidden.dtype} like hidden outside autocast, got {weight.dtype}")
     shape = hidden.shape[:-1]
@@ -312,9 +417,25 @@ def linear_cross_entropy(
             float(label_smoothing),
             float(z_loss),
             reduction,
+            (*float8_dtypes, logits_dtype),
             chosen,
         )
     return loss.reshape(shape) if reduction == "none" else loss
+
+
+def _float8_dtypes(float8: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """linear_cross_entropy's ``float8`` argument as the head's (forward, backward) FP8 dtypes; (None, None)."""
+    if float8 is None:
+        return None, None
+    from ampkernels.float8.linear import Float8Recipe
+
+    if isinstance(float8, str):
+        if float8 != "tensorwise":
+            raise _error("float8", f"expected None, 'tensorwise' or a tensorwise Float8Recipe, got {float8!r}")
+        float8 = Float8Recipe.named(float8)
+    if not isinstance(float8, Float8Recipe) or float8.name != "tensorwise":
+        raise _error("float8", f"expected None, 'tensorwise' or a tensorwise Float8Recipe, got {float8!r}")
+    return float8.forward_dtype, float8.backward_dtype
 
 
 class LinearCrossEntropy(torch.nn.Module):
@@ -332,6 +453,7 @@ class LinearCrossEntropy(torch.nn.Module):
         label_smoothing: float = 0.0,
         reduction: str = "mean",
         z_loss: float = 0.0,
+        float8: str | Any | None = None,
         backend: str | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -345,6 +467,8 @@ class LinearCrossEntropy(torch.nn.Module):
             reduction,
             z_loss,
         )
+        _float8_dtypes(float8)  # (checked here, as the other arguments are by their first call)
+        self.float8 = float8
         self.backend = dispatch.check_backend(_OP, backend)
 
     def forward(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -357,8 +481,10 @@ class LinearCrossEntropy(torch.nn.Module):
             label_smoothing=self.label_smoothing,
             reduction=self.reduction,
             z_loss=self.z_loss,
+            float8=self.float8,
             backend=self.backend,
         )
 
     def extra_repr(self) -> str:
-        return f"in_features={self.weight.shape[1]}, vocab={self.weight.shape[0]}, bias={self.bias is not None}"
+        float8 = "" if self.float8 is None else f", float8={getattr(self.float8, 'name', self.float8)!r}"
+        return f"in_features={self.weight.shape[1]}, vocab={self.weight.shape[0]}, bias={self.bias is not None}{float8}"

@@ -93,6 +93,49 @@ def test_the_logits_are_never_formed(monkeypatch):
     assert called == [] and len(losses) == 1
 
 
+def test_a_float8_head_runs_the_fused_loss_in_float8(monkeypatch, device):
+    """After convert_to_float8, the fused loss runs the tensorwise Float8Linear head's products in FP8: its logits are
+    the layer's (the same casts of the hidden states and weight), so the loss is the unfused FP8 model's; its
+    gradients (each chunk's logit gradient scaled by its own amax) are no further from the float32 model's than the
+    unfused FP8 model's are, within twice."""
+    from ampkernels.float8 import Float8Linear, convert_to_float8
+
+    config = transformers.LlamaConfig(
+        vocab_size=112,  # (FP8 products take multiples of 16)
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    exact = transformers.LlamaForCausalLM(config).to(device)
+    stock = convert_to_float8(copy.deepcopy(exact), "tensorwise", min_features=0)
+    assert isinstance(stock.lm_head, Float8Linear)
+    model = _fused_loss_only(copy.deepcopy(stock))
+    asked = []
+    fused = causal_lm.linear_cross_entropy
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs["float8"])
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(causal_lm, "linear_cross_entropy", recording)
+    tokens = torch.randint(0, 112, (2, 24), generator=torch.Generator().manual_seed(3)).to(device)
+    _, exact_grads = _loss_and_grads(exact, input_ids=tokens, labels=tokens)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        ours, ours_grads = _loss_and_grads(model, input_ids=tokens, labels=tokens)
+        theirs, stock_grads = _loss_and_grads(stock, input_ids=tokens, labels=tokens)
+    assert [getattr(recipe, "name", None) for recipe in asked] == ["tensorwise"]
+    torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-5, atol=1e-5)
+
+    def error(grads, name):
+        return ((grads[name] - exact_grads[name]).norm() / exact_grads[name].norm()).item()
+
+    for name in exact_grads:
+        assert error(ours_grads, name) <= 2 * error(stock_grads, name) + 1e-3, name
+
+
 def _recording(fn, calls):
     def wrapper(*args, **kwargs):
         calls.append(True)

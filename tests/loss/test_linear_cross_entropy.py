@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import ampkernels
 from ampkernels import dispatch, reference
+from ampkernels.float8 import Float8Linear
 from ampkernels.loss import cross_entropy as lce_module
 
 # The float64 error of a float32 loss of O(1) per token: the absolute floor of the 2x-stock bound (both errors can be
@@ -26,7 +27,18 @@ def _inputs(device, tokens=300, hidden=32, vocab=203, seed=0, ignored_every=7, b
 
 
 def _stock(h, w, t, b, *, label_smoothing=0.0, reduction="mean", z_loss=0.0):
-    logits = F.linear(h, w, b)
+    return _loss_of(F.linear(h, w, b), t, label_smoothing, reduction, z_loss)
+
+
+def _stock_float8(h, w, t, b, *, label_smoothing=0.0, reduction="mean", z_loss=0.0):
+    """The unfused FP8 head: a tensorwise Float8Linear (the same parameters), then F.cross_entropy on float32."""
+    layer = Float8Linear(w.shape[1], w.shape[0], bias=b is not None, device=w.device)
+    params = {"weight": w} if b is None else {"weight": w, "bias": b}
+    logits = torch.func.functional_call(layer, params, (h,))
+    return _loss_of(logits, t, label_smoothing, reduction, z_loss)
+
+
+def _loss_of(logits, t, label_smoothing, reduction, z_loss):
     loss = F.cross_entropy(logits.float(), t, label_smoothing=label_smoothing, reduction=reduction)
     if z_loss:
         z = z_loss * torch.logsumexp(logits.float(), -1) ** 2 * (t != -100)
@@ -86,6 +98,83 @@ def test_error_at_most_twice_stock_against_float64(device, dtype, reduction, smo
             ours_error,
             stock_error,
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing, z_loss", [(0.0, 0.0), (0.1, 1e-3)])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_float8_head_error_at_most_twice_the_unfused_float8_heads(
+    device, dtype, reduction, smoothing, z_loss, backend, monkeypatch
+):
+    """float8="tensorwise": loss and gradients against float64 within twice the error of the unfused FP8 head (a
+    tensorwise Float8Linear, then F.cross_entropy on float32 logits); the chunks cast their own hidden states and
+    logit gradients (64-token chunks here, the last one ragged)."""
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("CPU autocast runs float16 linear layers slowly and without a reference of its own")
+    _runs_here(backend, device)
+    monkeypatch.setattr(lce_module, "CHUNK_BYTES", 64 * 4 * 208)
+    assert lce_module.chunk_tokens(304, 208, 32) == 64
+    h, w, b, t = _inputs(device, tokens=304, vocab=208)
+    options = dict(label_smoothing=smoothing, reduction=reduction, z_loss=z_loss)
+    exact = _exact(h, w, b, t, **options)
+    ours = _loss_and_grads(_ours, h, w, b, t, dtype, device, backend=backend, float8="tensorwise", **options)
+    stock = _loss_and_grads(_stock_float8, h, w, b, t, dtype, device, **options)
+    for name, o, s, e in zip(("loss", "hidden", "weight", "bias"), ours, stock, exact):
+        ours_error, stock_error = (o - e).abs().max().item(), (s - e).abs().max().item()
+        assert ours_error <= 2 * stock_error + FLOOR[dtype] * max(1.0, e.abs().max().item()), (
+            name,
+            ours_error,
+            stock_error,
+        )
+    # (and FP8's error is FP8's: well above the 16-bit head's, so the FP8 products did run)
+    bf16 = _loss_and_grads(_ours, h, w, b, t, dtype, device, backend=backend, **options)
+    assert (ours[1] - exact[1]).abs().max() > 2 * (bf16[1] - exact[1]).abs().max()
+
+
+def test_float8_head_casts_the_weight_once_per_optimizer_step(monkeypatch):
+    """Micro-batches reuse the weight's FP8 casts until an optimizer step (or an in-place change) makes them stale."""
+    from ampkernels.float8 import casts
+
+    cast_shapes = []
+    pair = casts.to_float8_pair
+
+    def counting(x, *args, **kwargs):
+        cast_shapes.append(tuple(x.shape))
+        return pair(x, *args, **kwargs)
+
+    monkeypatch.setattr(casts, "to_float8_pair", counting)
+    h, w, _, t = _inputs("cpu", tokens=64, vocab=208, bias=False)
+    w.requires_grad_()
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def micro_batch():
+        ampkernels.linear_cross_entropy(h, w, t, float8="tensorwise").backward()
+        return cast_shapes.count((208, 32))
+
+    assert [micro_batch(), micro_batch()] == [1, 1]
+    opt.step()
+    assert micro_batch() == 2
+    with torch.no_grad():
+        w.mul_(0.5)
+    assert micro_batch() == 3
+
+
+def test_float8_head_needs_multiples_of_16_else_runs_the_16_bit_head():
+    h, w, b, t = _inputs("cpu", tokens=300, vocab=208)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fallback = ampkernels.linear_cross_entropy(h, w, t, bias=b, float8="tensorwise")
+        plain = ampkernels.linear_cross_entropy(h, w, t, bias=b)
+    assert torch.equal(fallback, plain)
+
+
+@pytest.mark.parametrize("float8", ["rowwise", "delayed", 8, Float8Linear])
+def test_float8_argument_is_checked(float8):
+    h, w, b, t = _inputs("cpu", tokens=64, vocab=208)
+    with pytest.raises(ValueError, match="argument 'float8'"):
+        ampkernels.linear_cross_entropy(h, w, t, float8=float8)
+    with pytest.raises(ValueError, match="argument 'float8'"):
+        ampkernels.LinearCrossEntropy(32, 208, float8=float8)
 
 
 def test_chunk_size_rule():
@@ -162,8 +251,10 @@ def test_traced_by_torch_compile_and_opcheck():
     torch.testing.assert_close(h.grad, expected)
     for backend in ("torch", "triton"):
         if dispatch.why_not("linear_cross_entropy", backend, "cpu") is None:
-            args = (h.detach(), w, t, None, -100, 0.1, 0.0, "mean", [True, True, False], backend)
-            torch.library.opcheck(torch.ops.ampkernels.linear_cross_entropy.default, args)
+            for float8 in ((None, None), (torch.float8_e4m3fn, torch.float8_e5m2)):
+                options = (-100, 0.1, 0.0, "mean", [True, True, False], *float8, h.dtype, backend)
+                args = (h.detach(), w, t, None, *options)
+                torch.library.opcheck(torch.ops.ampkernels.linear_cross_entropy.default, args)
 
 
 @pytest.mark.parametrize(
