@@ -17,11 +17,12 @@ Sections (``python -m benchmarks --only float8``):
   heads, batch 8 x 2048 tokens) under bf16 autocast: stock bf16 eager and ``torch.compile``d (torch's fused AdamW),
   ampkernels bf16 and FP8 per recipe, eager and captured whole in a CUDA graph (``ampkernels.capture_step``;
   FusedAdamW; the model's RMSNorms, RoPE and SiLU-up on ``ampkernels.float8``'s fused kernels), the same with the
-  head and its loss as ``ampkernels.linear_cross_entropy`` (bf16, and FP8 tensorwise eager and graphed: the head
-  itself runs bf16 there), and torchao's float8 training compiled when torchao is installed. With ``--full``
-  (and transformers installed) also a Hugging Face ``LlamaForCausalLM`` built from the same config, from stock
-  modules: stock bf16 eager, torchao compiled, and ampkernels' FP8 with ``fuse_modules``, eager and compiled, each
-  against the HF model's stock bf16 eager. Per step: ms, peak memory, first-step time.
+  head and its loss as ``ampkernels.linear_cross_entropy`` (bf16, and FP8 tensorwise eager and graphed: there the
+  converted head's products run in FP8 too, ``float8=head_float8(head)``), and torchao's float8 training compiled
+  when torchao is installed. With ``--full`` (and transformers installed) also a Hugging Face ``LlamaForCausalLM``
+  built from the same config, from stock modules: stock bf16 eager, torchao compiled, and ampkernels' FP8 with
+  ``fuse_modules``, eager and compiled, each against the HF model's stock bf16 eager. Per step: ms, peak memory,
+  first-step time.
 
 After its timed loops every section checks what it timed (the casts bit for bit against the reference, the fused
 producers and the GEMMs against float64 within twice torch's error, each ampkernels stack row's losses within 1% of
@@ -245,7 +246,9 @@ def _build_stack_step(variant: dict, ctx: RunContext, config: dict, batch: tuple
         with torch.autocast(device_type, dtype=torch.bfloat16):
             if variant["fused_loss"]:
                 hidden = model.hidden_states(tokens).flatten(0, 1)
-                loss = ampkernels.linear_cross_entropy(hidden, model.head.weight, targets.flatten())
+                head = model.head  # (FP8 where it was converted: a tensorwise Float8Linear)
+                float8 = ampkernels.loss.head_float8(head)
+                loss = ampkernels.linear_cross_entropy(hidden, head.weight, targets.flatten(), float8=float8)
             else:
                 logits = forward(tokens)
                 logits = logits.logits if variant["hf"] else logits

@@ -21,6 +21,7 @@ import torch
 from torch.nn import functional as F
 
 from ampkernels import linear_cross_entropy
+from ampkernels.loss import head_float8
 
 DEFAULT_PROBS = (0.5, 0.25, 0.15, 0.1)
 
@@ -126,7 +127,8 @@ def train(
         autocast_dtype: optional; the forward runs under ``torch.autocast(device.type, autocast_dtype)``.
         schedule: optional ``step -> factor`` on the base learning rates (e.g. :func:`warmup_cosine`).
         fused_loss: the head and its loss as ``ampkernels.linear_cross_entropy`` on ``model.hidden_states`` and
-            ``model.head.weight`` (a :class:`benchmarks.models.LlamaStack`): no logits formed.
+            ``model.head.weight`` (a :class:`benchmarks.models.LlamaStack`): no logits formed; a converted
+            (tensorwise Float8Linear) head runs in FP8 there.
 
     The loss is computed in float32 from the logits. Deterministic given the seeds and the model's initial weights
     wherever the kernels are (CPU, and the GPU kernels ampkernels runs).
@@ -145,7 +147,8 @@ def train(
         with cast or contextlib.nullcontext():
             if fused_loss:
                 hidden = model.hidden_states(inputs).flatten(0, 1)
-                loss = linear_cross_entropy(hidden, model.head.weight, targets.flatten())
+                head = model.head
+                loss = linear_cross_entropy(hidden, head.weight, targets.flatten(), float8=head_float8(head))
             else:
                 loss = F.cross_entropy(model(inputs).float().flatten(0, 1), targets.flatten())
         optimizer.zero_grad(set_to_none=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ampkernels.loss.cross_entropy import linear_cross_entropy
+from ampkernels.loss.cross_entropy import head_float8, linear_cross_entropy
 
 __all__ = ["causal_lm_loss", "fused_forward"]
 
@@ -64,23 +64,13 @@ def causal_lm_loss(
         bias=head.bias,
         ignore_index=ignore_index,
         reduction=reduction,
-        float8=_float8_recipe(head),
+        float8=head_float8(head),
     )
     if num_items_in_batch is not None:
         if isinstance(num_items_in_batch, torch.Tensor):
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
     return loss
-
-
-def _float8_recipe(head: torch.nn.Module) -> Any:
-    """The recipe of a tensorwise Float8Linear head (whose weight is a plain tensor), else None."""
-    recipe = getattr(head, "recipe", None)
-    if getattr(recipe, "name", None) != "tensorwise" or getattr(head, "fsdp_float8_all_gather", False):
-        return None
-    from ampkernels.float8.linear import Float8Linear  # (ampkernels.float8 imports this module)
-
-    return recipe if isinstance(head, Float8Linear) else None
 
 
 def _output(outputs: Any, loss: torch.Tensor) -> Any:

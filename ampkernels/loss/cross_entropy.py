@@ -28,7 +28,7 @@ from ampkernels._autograd import first_order
 from ampkernels._runtime import capturing
 from ampkernels.loss import backends as _backends  # (registers the ops' backends)
 
-__all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
+__all__ = ["LinearCrossEntropy", "head_float8", "linear_cross_entropy"]
 
 _OP = "linear_cross_entropy"
 
@@ -436,6 +436,21 @@ def _float8_dtypes(float8: Any) -> tuple[torch.dtype | None, torch.dtype | None]
     if not isinstance(float8, Float8Recipe) or float8.name != "tensorwise":
         raise _error("float8", f"expected None, 'tensorwise' or a tensorwise Float8Recipe, got {float8!r}")
     return float8.forward_dtype, float8.backward_dtype
+
+
+def head_float8(head: torch.nn.Module) -> Any:
+    """The ``float8`` argument of :func:`linear_cross_entropy` for the products of ``head``: a tensorwise
+    :class:`~ampkernels.float8.Float8Linear`'s recipe (whose weight is a plain tensor, not FSDP2's FP8-gathered one),
+    else None (the head in the autocast dtype)::
+
+        loss = linear_cross_entropy(hidden, head.weight, target, bias=head.bias, float8=head_float8(head))
+    """
+    recipe = getattr(head, "recipe", None)
+    if getattr(recipe, "name", None) != "tensorwise" or getattr(head, "fsdp_float8_all_gather", False):
+        return None
+    from ampkernels.float8.linear import Float8Linear  # (ampkernels.float8 imports this module)
+
+    return recipe if isinstance(head, Float8Linear) else None
 
 
 class LinearCrossEntropy(torch.nn.Module):
