@@ -21,7 +21,8 @@ prepared. What changes against stock Accelerate (1.16):
 - ``accelerator.clip_grad_norm_(params, max_norm)`` runs ``FusedGradScaler.clip_grad_norm_`` when ``params`` are the
   parameters (with a gradient) of one prepared optimizer: unscale, check, norm and clip in one read-only pass, the
   clip folded into the step of an optimizer that takes the scale (ampkernels' optimizers, torch's ``fused=True``);
-  other parameter sets take Accelerate's own clip;
+  without a scaler (bf16) the same parameters of an ampkernels optimizer are clipped by its ``clip_grad_norm_``
+  (one read-only pass, the clip folded into its step); other parameter sets take Accelerate's own clip;
 - ``optimizer.step_was_skipped`` / ``accelerator.optimizer_step_was_skipped`` keep answering for optimizers that
   take the scale and skip on the device. Accelerate infers a skipped step from whether the scaler called the
   optimizer's ``step``, which such an optimizer always is, so stock Accelerate reports "never skipped" for them.
@@ -39,6 +40,7 @@ from typing import Any
 import torch
 
 from ampkernels.integrations._common import require
+from ampkernels.optim import FusedAdam, FusedSGD
 from ampkernels.scaler.grad_scaler import FusedGradScaler
 
 accelerate = require("accelerate", "accelerate", "accelerate")
@@ -125,11 +127,13 @@ def _prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement=
 
 def _clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2):
     scaler = self.scaler
-    if isinstance(scaler, FusedGradScaler) and scaler.is_enabled() and self.distributed_type not in _OWN_CLIP:
+    if self.distributed_type not in _OWN_CLIP:
         parameters = list(parameters)
         optimizer = _owner(self._optimizers, parameters)
-        if optimizer is not None:
+        if optimizer is not None and isinstance(scaler, FusedGradScaler) and scaler.is_enabled():
             return scaler.clip_grad_norm_(optimizer, max_norm, norm_type)
+        if optimizer is not None and scaler is None and isinstance(optimizer, (FusedAdam, FusedSGD)):
+            return optimizer.clip_grad_norm_(max_norm, norm_type)  # (bf16: the clip folded into the step)
     return type(self).clip_grad_norm_(self, parameters, max_norm, norm_type=norm_type)
 
 

@@ -40,6 +40,7 @@ import torch
 
 from ampkernels.float8 import Float8Recipe, convert_to_float8, fuse_modules
 from ampkernels.integrations._common import require
+from ampkernels.optim import FusedAdam, FusedSGD
 from ampkernels.scaler.grad_scaler import FusedGradScaler
 
 lightning = require("lightning", "lightning", "lightning")
@@ -140,9 +141,12 @@ class MixedPrecision(_Setup, _TrainerMixedPrecision):
         _TrainerPrecision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
 
     def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: int | float) -> None:
-        if self.scaler is None:
-            return super().clip_grad_by_norm(optimizer, clip_val)
-        self.scaler.clip_grad_norm_(_unwrap(optimizer), clip_val)
+        if self.scaler is not None:
+            self.scaler.clip_grad_norm_(_unwrap(optimizer), clip_val)
+        elif isinstance(_unwrap(optimizer), (FusedAdam, FusedSGD)):
+            _unwrap(optimizer).clip_grad_norm_(clip_val)  # (bf16: the clip folded into the step)
+        else:
+            super().clip_grad_by_norm(optimizer, clip_val)
 
     def clip_grad_by_value(self, optimizer: torch.optim.Optimizer, clip_val: int | float) -> None:
         if self.scaler is not None and _takes_scale(_unwrap(optimizer)):
@@ -171,10 +175,13 @@ class FabricMixedPrecision(_Setup, _FabricMixedPrecision):
 
         ``"16-mixed"``: ``FusedGradScaler.clip_grad_norm_`` (a step with non-finite gradients is skipped, its norm
         is inf; stock ``fabric.clip_gradients`` raises there unless ``error_if_nonfinite=False``).
-        ``"bf16-mixed"``: ``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters.
+        ``"bf16-mixed"``: an ampkernels optimizer's ``clip_grad_norm_`` (the clip folded into its step), else
+        ``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters.
         """
         optimizer = _unwrap(optimizer)
         if self.scaler is not None:
             return self.scaler.clip_grad_norm_(optimizer, max_norm, norm_type)
+        if isinstance(optimizer, (FusedAdam, FusedSGD)):
+            return optimizer.clip_grad_norm_(max_norm, norm_type)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)

@@ -720,6 +720,58 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._record_synced(bucket, versions)
 
     @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the gradients by their total norm, folded into the next :meth:`step`; return the norm before
+        clipping (a 0-d float32 tensor, no host sync).
+
+        The same update as ``torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)`` then ``step()``, in one
+        read-only pass over the gradients (the norm and the coefficient ``min(max_norm / (norm + 1e-6), 1)`` on the
+        device) where torch's clip reads them twice and writes them once: the step divides them by ``1 / coef`` as
+        it reads them, so the ``.grad`` tensors keep their unclipped values. :meth:`zero_grad` drops a clip that no
+        step consumed; a second clip before the step measures the gradients as the first left them.
+
+        For gradients that are not loss-scaled (bf16 or float32 training): with a
+        :class:`~ampkernels.FusedGradScaler` use its ``clip_grad_norm_``, which folds the unscale in too. Only
+        ``norm_type`` 2.0 and inf on one device's plain tensors are folded; other norms, parameters on several
+        devices and DTensor gradients (FSDP2, whose norm needs a reduction) take torch's clip.
+        """
+        from ampkernels._constants import norm_kind
+        from ampkernels.scaler.functional import unscale_reduce_
+
+        max_norm, norm_type = float(max_norm), float(norm_type)
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        try:
+            folds = norm_kind(norm_type) is not None
+        except ValueError:
+            folds = False  # (a norm the kernels do not compute: torch's clip below)
+        if (
+            not folds
+            or not grads
+            or len({g.device for g in grads}) != 1
+            or any(type(g) is not torch.Tensor for g in grads)
+            or "_clip_divisor" in self.__dict__  # (a second clip: torch's, on gradients made to hold the first)
+        ):
+            self._materialize_clip(grads)
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+        device = grads[0].device
+        one = torch.ones(1, dtype=torch.float32, device=device)
+        found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+        result = unscale_reduce_(grads, one, found_inf, write=False, norm_type=norm_type, max_norm=max_norm)
+        self._clip_divisor = (1.0 / result.clip_coef).reshape(1)
+        return result.norm
+
+    def _materialize_clip(self, grads: list[torch.Tensor]) -> None:
+        """Apply a pending folded clip to the gradients in place (before a clip that cannot fold)."""
+        divisor = self.__dict__.pop("_clip_divisor", None)
+        if divisor is not None:
+            torch._foreach_div_(grads, divisor.reshape(()))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.__dict__.pop("_clip_divisor", None)  # (a folded clip belongs to the gradients it measured)
+        super().zero_grad(set_to_none)
+
+    @torch.no_grad()
     def step(
         self,
         closure: Callable[[], Any] | None = None,
@@ -747,6 +799,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             grad_scale = getattr(self, "grad_scale", None)
         if found_inf is None:
             found_inf = getattr(self, "found_inf", None)
+        clip = self.__dict__.pop("_clip_divisor", None)  # (clip_grad_norm_'s coefficient, as a divisor)
+        if clip is not None:
+            grad_scale = clip if grad_scale is None else grad_scale * clip
         per_device: dict[tuple[int, torch.device], torch.Tensor] = {}
 
         def on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -159,6 +159,41 @@ def test_the_fused_clip_runs_and_matches_accelerates(cpu_fp16, monkeypatch):
         torch.testing.assert_close(a, b, **FP32_TOL)
 
 
+def test_bf16_clip_is_folded_into_the_fused_step(monkeypatch):
+    """No scaler (bf16): the parameters of a FusedAdamW are clipped by its clip_grad_norm_ (one read-only pass, the
+    coefficient applied in its step), training as Accelerate's clip with torch's AdamW does."""
+    calls = []
+    original = ampkernels.FusedAdamW.clip_grad_norm_
+
+    def spy(self, max_norm, norm_type=2.0):
+        calls.append(max_norm)
+        return original(self, max_norm, norm_type)
+
+    monkeypatch.setattr(ampkernels.FusedAdamW, "clip_grad_norm_", spy)
+    results = {}
+    for name, make, kind in (("stock", accelerate.Accelerator, "torch"), ("ours", ak.Accelerator, "fused")):
+        reset_accelerate_state()
+        acc = make(cpu=True, mixed_precision="bf16")
+        model = tiny_model()
+        model, optimizer = acc.prepare(model, make_optimizer(kind, model))
+        losses, norms = [], []
+        for x, y in batches(6):
+            with acc.autocast():
+                loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            acc.backward(loss)
+            norms.append(acc.clip_grad_norm_(model.parameters(), 0.05))
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        results[name] = (torch.tensor(losses), torch.stack(norms), [p.detach() for p in model.parameters()])
+    assert calls == [0.05] * 6
+    assert (results["stock"][1] > 0.05).all()  # (the clip clipped every step)
+    for ours, stock in zip(results["ours"][:2], results["stock"][:2]):
+        torch.testing.assert_close(ours, stock, **FP32_TOL)
+    for a, b in zip(results["ours"][2], results["stock"][2]):
+        torch.testing.assert_close(a, b, **FP32_TOL)
+
+
 def test_other_parameter_sets_take_accelerates_clip(cpu_fp16, monkeypatch):
     acc = ak.Accelerator(cpu=True, mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=2.0**10)])
     model = tiny_model()

@@ -171,9 +171,19 @@ def test_clip_by_value_with_fused_adamw():
     torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(stock.losses), **FP32_TOL)
 
 
-def test_bf16_mixed_clips_fused_adamw():
+def test_bf16_mixed_clips_fused_adamw_in_its_step(monkeypatch):
+    """bf16 (no scaler): FusedAdamW.clip_grad_norm_, the clip folded into the step, trains as torch's clip does."""
+    calls = []
+    original = ampkernels.FusedAdamW.clip_grad_norm_
+
+    def spy(self, max_norm, norm_type=2.0):
+        calls.append(max_norm)
+        return original(self, max_norm, norm_type)
+
+    monkeypatch.setattr(ampkernels.FusedAdamW, "clip_grad_norm_", spy)
     stock, _ = fit(StockPrecision("bf16-mixed", "cpu"), "torch", gradient_clip_val=0.05)
     ours, _ = fit(MixedPrecision("bf16-mixed", "cpu"), "fused", gradient_clip_val=0.05)
+    assert calls == [0.05] * STEPS
     assert ours.scales == stock.scales == [None] * STEPS
     torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(stock.losses), **FP32_TOL)
 
