@@ -339,14 +339,16 @@ def test_reference_is_torch_cross_entropy_in_float64(reduction):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_captured_step_replays_the_eager_run():
+@pytest.mark.parametrize("float8", [None, "tensorwise"])
+def test_captured_step_replays_the_eager_run(float8):
     """A head trained with fp16 autocast, FusedGradScaler and FusedAdamW, captured by capture_step: the replays give
-    the eager run's losses and parameters (the target check's host sync is skipped inside the capture)."""
+    the eager run's losses and parameters (the target check's host sync is skipped inside the capture), with the
+    head in fp16 and in FP8 (whose weight casts are cached between steps)."""
 
     def build():
         torch.manual_seed(0)
         trunk = torch.nn.Linear(64, 128).cuda()
-        head = ampkernels.LinearCrossEntropy(128, 1000, label_smoothing=0.1).cuda()
+        head = ampkernels.LinearCrossEntropy(128, 1008, label_smoothing=0.1, float8=float8).cuda()
         model = torch.nn.ModuleDict({"trunk": trunk, "head": head})
         return model, ampkernels.FusedAdamW(model.parameters(), lr=1e-3), ampkernels.FusedGradScaler("cuda")
 
@@ -363,7 +365,7 @@ def test_captured_step_replays_the_eager_run():
         return step
 
     gen = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(512, 64, generator=gen).cuda(), torch.randint(0, 1000, (512,), generator=gen).cuda())
+    batches = [(torch.randn(512, 64, generator=gen).cuda(), torch.randint(0, 1008, (512,), generator=gen).cuda())
                for _ in range(5)]  # fmt: skip
     eager_model, eager_opt, eager_scaler = build()
     eager = step_fn(eager_model, eager_opt, eager_scaler)
