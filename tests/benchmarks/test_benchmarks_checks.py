@@ -283,15 +283,41 @@ def test_float8_loss_check():
     def row(key, losses, stock=False):
         return {"key": key, "label": key, "stock": stock, "losses": losses, "loss_steps": [1, 5, 9]}
 
-    base = row("bf16-eager", [6.0, 5.0, 4.0], stock=True)
-    close, off, nan = row("a", [6.0, 5.02, 4.03]), row("b", [6.0, 5.0, 4.1]), row("c", [6.0, math.nan, 4.0])
-    peer = row("torchao", [6.0, 5.0, 4.5], stock=True)
-    for r in (base, close, off, nan, peer):
+    # Gaps relative to stock's first loss (6.0): a memorized batch's last losses are near zero.
+    base = row("bf16-eager", [6.0, 5.0, 0.005], stock=True)
+    close, off = row("a", [6.0, 5.02, 0.007]), row("b", [6.0, 5.0, 0.1])
+    nan, first = row("c", [6.0, math.nan, 0.005]), row("d", [4.1, 5.0, 0.005])
+    peer = row("torchao", [6.0, 5.0, 0.755], stock=True)
+    for r in (base, close, off, nan, first, peer):
         bench_float8._check_losses(r, base)
     assert base["check"] is None and close["check"] == "ok" and peer["check"] is None
-    assert off["check"] == "FAILED: loss 4.1 at step 9, stock bf16 eager's 4: 2.50% apart (at most 1%)"
+    assert (
+        off["check"]
+        == "FAILED: loss 0.1 at step 9, stock bf16 eager's 0.005: 1.58% of its first loss apart (at most 1%)"
+    )
+    assert first["check"].startswith("FAILED: loss 4.1 at step 1, stock bf16 eager's 6: 31.67%")
     assert nan["check"].startswith("FAILED: loss nan at step 5")
     assert peer["max_loss_gap_vs_bf16_eager"] == pytest.approx(0.125)
+
+
+def test_float8_stack_keeps_the_first_loss_of_a_step_that_reuses_its_output(monkeypatch):
+    """A captured step returns one output tensor, which every replay overwrites: the first step's loss is read at
+    once, not after the replays that follow it."""
+    output = torch.zeros(())
+
+    def build(variant, ctx, config, batch):
+        def step(*inputs):
+            output.add_(1.0)  # (the replays' output tensor: the loss of step n is n)
+            return output
+
+        return step, torch.nn.Linear(1, 1), ()
+
+    monkeypatch.setattr(bench_float8, "_build_stack_step", build)
+    ctx = _tiny_grad_scaler(monkeypatch)
+    variant = {"key": "fp8-graphed", "label": "graphed", "stock": False}
+    row = bench_float8._time_stack_variant(variant, ctx, {}, (1, 1))
+    assert row["losses"][0] == 1.0 and row["loss_steps"][0] == 1
+    assert row["losses"][1] == row["loss_steps"][1]
 
 
 def test_float8_cast_check(monkeypatch):
