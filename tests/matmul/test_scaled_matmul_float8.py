@@ -160,6 +160,26 @@ def test_backend_matches_the_reference(device, backend, pair, granularity, out_d
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_accumulate_tensorwise_product_into_fp32(device, backend, fresh_caches):
+    """The fused loss's FP8 weight gradient: ``out += (a @ b) * scale_a * scale_b`` with one scale per operand, no
+    scale, bias or amax (cuBLAS's own epilogue scales it, then one add)."""
+    _need(backend, device)
+    torch.manual_seed(3)
+    a = torch.randn(48, 64, device=device).to(E5M2)
+    b = _fp8(64, 32, E4M3, device, transposed=True)
+    scale_a, scale_b = torch.tensor([0.75], device=device), torch.tensor([1.5], device=device)
+    old = torch.randn(48, 32, device=device)
+    out = old.clone()
+    scaled_matmul(a, b, scale_a=scale_a, scale_b=scale_b, out=out, accumulate=True, backend=backend)
+    expected = reference.scaled_matmul_float8(
+        a, b, scale_a, scale_b, None, out_dtype=torch.float32, out=old.clone(), accumulate=True
+    )
+    _close_to_reference(out, expected, device, backend)
+    exact = _ref64(a, b, scale_a, scale_b, 1.0, old=old)
+    assert _rel_err(out, exact) <= _bound(torch.float32, 64, device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_accumulate_into_fp32(device, backend, fresh_caches):
     """Weight-gradient accumulation: ``out += (a @ b) * scale_a * scale_b`` in fp32, batch dims on a (rowwise
     factors of shape a.shape[:-1] + (1,)), a float scale."""
