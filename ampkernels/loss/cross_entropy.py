@@ -18,6 +18,7 @@ log-sum-exp in float32, the logits' gradient rounded to the GEMM dtype for the g
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -70,7 +71,7 @@ def _accumulate_weight_grad(grad_weight: torch.Tensor, grad_logits: torch.Tensor
 
 
 class _Bf16Head:
-    """The head's three products on the Tensor Cores in hidden's 16-bit dtype (cuBLAS), as autocast's F.linear."""
+    """The head's three products in hidden's dtype (cuBLAS; the autocast dtype under autocast), as F.linear's."""
 
     def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.hidden, self.weight, self.bias = hidden, weight, bias
@@ -86,15 +87,12 @@ class _Bf16Head:
         return grad_weight
 
 
-_HEAD_WEIGHT_CASTS: list = []  # (one WeightCasts, made on first use: ampkernels.float8 imports this module)
-
-
+@functools.cache
 def _head_weight_casts():
-    if not _HEAD_WEIGHT_CASTS:
-        from ampkernels.float8.weight_casts import WeightCasts
+    """The FP8 heads' weight casts (made on first use: ampkernels.float8 imports this module)."""
+    from ampkernels.float8.weight_casts import WeightCasts
 
-        _HEAD_WEIGHT_CASTS.append(WeightCasts())
-    return _HEAD_WEIGHT_CASTS[0]
+    return WeightCasts()
 
 
 class _Float8Head:

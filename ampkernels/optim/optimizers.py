@@ -739,8 +739,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         from ampkernels.scaler.functional import unscale_reduce_
 
         max_norm, norm_type = float(max_norm), float(norm_type)
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
         params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        grads = [p.grad for p in params]
         try:
             folds = norm_kind(norm_type) is not None
         except ValueError:
